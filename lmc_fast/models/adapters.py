@@ -1,0 +1,292 @@
+"""Adapters: every supported model class <-> one set of *standard parameters*.
+
+Standard parameters are a flat dict named like the reference models (nn.Linear's (out, in)
+layout, separate q/k/v, an explicit `lm_head.weight` for GPT-2 even when tied). Canonical
+form, symmetry specs and matching are written once against these names; an adapter is the
+only place that knows a concrete class (Hugging Face's Conv1D layout, fused c_attn, ...).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .gpt2 import GPT2
+from .vit import ViT
+
+
+class UnsupportedModelError(TypeError):
+    """The model (or one of its modules/settings) has no adapter."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the symmetry code needs to know about a model, independent of its class."""
+
+    family: str  # "vit" | "gpt2"
+    n_layer: int
+    d_model: int
+    n_head: int
+    d_mlp: int
+    norm: str  # "layernorm" | "rmsnorm"
+    eps: float
+    activation: str  # "gelu" | "gelu_tanh"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def head_name(self) -> str:
+        return "head" if self.family == "vit" else "lm_head"
+
+    @property
+    def head_has_bias(self) -> bool:
+        return self.family == "vit"
+
+
+class Adapter:
+    """Maps one model class to standard parameters and back."""
+
+    def arch(self, model) -> Arch:
+        raise NotImplementedError
+
+    def get(self, model) -> dict[str, torch.Tensor]:
+        """Standard parameters (detached clones)."""
+        raise NotImplementedError
+
+    def build(self, template, params: dict[str, torch.Tensor]):
+        """A new model of the template's class, dtype and device holding `params`."""
+        raise NotImplementedError
+
+    def logits(self, model, inputs):
+        return model(inputs)
+
+
+def _tied(params) -> bool:
+    return params["lm_head.weight"].shape == params["tok_embed.weight"].shape and torch.equal(
+        params["lm_head.weight"], params["tok_embed.weight"]
+    )
+
+
+def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    ref = model.state_dict()
+    for k, v in state.items():
+        if k not in ref:
+            raise KeyError(f"internal: {type(model).__name__} has no parameter {k!r}")
+        if ref[k].shape != v.shape:
+            raise ValueError(f"parameter {k!r}: shape {tuple(v.shape)} does not fit {tuple(ref[k].shape)}")
+    p0 = next(model.parameters())
+    with torch.no_grad():
+        for k, v in state.items():
+            ref[k].copy_(v.to(dtype=p0.dtype, device=p0.device))
+    return model
+
+
+class RefViTAdapter(Adapter):
+    def arch(self, model):
+        c = model.config
+        return Arch("vit", c.n_layer, c.d_model, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
+
+    def get(self, model):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def build(self, template, params):
+        return _load(copy.deepcopy(template), params)
+
+
+class RefGPT2Adapter(Adapter):
+    def arch(self, model):
+        c = model.config
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
+
+    def get(self, model):
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
+        return state
+
+    def build(self, template, params):
+        tie = _tied(params)
+        config = copy.deepcopy(template.config)
+        config.tie_word_embeddings = tie
+        p0 = next(template.parameters())
+        model = GPT2(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        state = dict(params)
+        if tie:
+            state.pop("lm_head.weight")
+        return _load(model, state)
+
+
+# ---------------------------------------------------------------- Hugging Face models
+def _hf_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+class HFGPT2Adapter(Adapter):
+    """transformers.GPT2LMHeadModel: Conv1D weights are (in, out); Q, K, V fused in c_attn."""
+
+    def arch(self, model):
+        c = model.config
+        if getattr(c, "add_cross_attention", False):
+            raise UnsupportedModelError("GPT2LMHeadModel with add_cross_attention=True: cross-attention modules cannot be mapped")
+        act = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(c.activation_function)
+        if act is None:
+            raise UnsupportedModelError(f"GPT2LMHeadModel activation_function={c.activation_function!r} is not supported")
+        d_mlp = c.n_inner or 4 * c.n_embd
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, d_mlp, "layernorm", c.layer_norm_epsilon, act)
+
+    def get(self, model):
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        d = model.config.n_embd
+        p = {"tok_embed.weight": sd["transformer.wte.weight"], "pos_embed": sd["transformer.wpe.weight"]}
+        for l in range(model.config.n_layer):
+            h, b = f"transformer.h.{l}.", f"blocks.{l}."
+            W, bias = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]
+            for i, name in enumerate("qkv"):
+                p[b + f"attn.{name}.weight"] = W[:, i * d : (i + 1) * d].T.contiguous()
+                p[b + f"attn.{name}.bias"] = bias[i * d : (i + 1) * d].clone()
+            p[b + "attn.o.weight"] = sd[h + "attn.c_proj.weight"].T.contiguous()
+            p[b + "attn.o.bias"] = sd[h + "attn.c_proj.bias"]
+            p[b + "mlp.fc1.weight"] = sd[h + "mlp.c_fc.weight"].T.contiguous()
+            p[b + "mlp.fc1.bias"] = sd[h + "mlp.c_fc.bias"]
+            p[b + "mlp.fc2.weight"] = sd[h + "mlp.c_proj.weight"].T.contiguous()
+            p[b + "mlp.fc2.bias"] = sd[h + "mlp.c_proj.bias"]
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                p[b + f"{ours}.weight"] = sd[h + f"{theirs}.weight"]
+                p[b + f"{ours}.bias"] = sd[h + f"{theirs}.bias"]
+        p["ln_f.weight"], p["ln_f.bias"] = sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]
+        p["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"]).clone()
+        return p
+
+    def build(self, template, params):
+        tie = _tied(params)
+        config = copy.deepcopy(template.config)
+        config.tie_word_embeddings = tie
+        p0 = next(template.parameters())
+        model = type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        sd = {"transformer.wte.weight": params["tok_embed.weight"], "transformer.wpe.weight": params["pos_embed"]}
+        for l in range(config.n_layer):
+            h, b = f"transformer.h.{l}.", f"blocks.{l}."
+            sd[h + "attn.c_attn.weight"] = torch.cat([params[b + f"attn.{n}.weight"].T for n in "qkv"], dim=1)
+            sd[h + "attn.c_attn.bias"] = torch.cat([params[b + f"attn.{n}.bias"] for n in "qkv"])
+            sd[h + "attn.c_proj.weight"] = params[b + "attn.o.weight"].T
+            sd[h + "attn.c_proj.bias"] = params[b + "attn.o.bias"]
+            sd[h + "mlp.c_fc.weight"] = params[b + "mlp.fc1.weight"].T
+            sd[h + "mlp.c_fc.bias"] = params[b + "mlp.fc1.bias"]
+            sd[h + "mlp.c_proj.weight"] = params[b + "mlp.fc2.weight"].T
+            sd[h + "mlp.c_proj.bias"] = params[b + "mlp.fc2.bias"]
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                sd[h + f"{theirs}.weight"] = params[b + f"{ours}.weight"]
+                sd[h + f"{theirs}.bias"] = params[b + f"{ours}.bias"]
+        sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = params["ln_f.weight"], params["ln_f.bias"]
+        if not tie:
+            sd["lm_head.weight"] = params["lm_head.weight"]
+        _load(model, sd)
+        if tie:
+            model.tie_weights()
+        return model
+
+    def logits(self, model, inputs):
+        return model(input_ids=inputs).logits
+
+
+class HFViTAdapter(Adapter):
+    """transformers.ViTForImageClassification: Conv2d patch embedding, (1, 1, d) CLS token."""
+
+    # transformers < 5 names (vit.encoder.layer.L.attention.attention.query) and >= 5 names
+    # (vit.layers.L.attention.q_proj): pick whichever the model has.
+    LAYOUTS = (
+        ("vit.encoder.layer.", {"ln1": "layernorm_before", "ln2": "layernorm_after", "attn.q": "attention.attention.query",
+                                "attn.k": "attention.attention.key", "attn.v": "attention.attention.value",
+                                "attn.o": "attention.output.dense", "mlp.fc1": "intermediate.dense",
+                                "mlp.fc2": "output.dense"}),
+        ("vit.layers.", {"ln1": "layernorm_before", "ln2": "layernorm_after", "attn.q": "attention.q_proj",
+                         "attn.k": "attention.k_proj", "attn.v": "attention.v_proj", "attn.o": "attention.o_proj",
+                         "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}),
+    )
+
+    def _layout(self, state_keys):
+        for prefix, names in self.LAYOUTS:
+            if f"{prefix}0.{names['attn.q']}.weight" in state_keys:
+                return prefix, names
+        raise UnsupportedModelError("ViTForImageClassification: unrecognised parameter layout (transformers version?)")
+
+    def arch(self, model):
+        c = model.config
+        if not getattr(c, "qkv_bias", True):
+            raise UnsupportedModelError("ViTForImageClassification with qkv_bias=False: the canonical form needs q/k/v biases")
+        if c.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise UnsupportedModelError(f"ViTForImageClassification hidden_act={c.hidden_act!r} is not supported")
+        if getattr(model.vit, "pooler", None) is not None:
+            raise UnsupportedModelError("ViT pooler module cannot be mapped (build ViTForImageClassification without it)")
+        act = "gelu" if c.hidden_act == "gelu" else "gelu_tanh"
+        return Arch("vit", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size,
+                    "layernorm", c.layer_norm_eps, act)
+
+    def get(self, model):
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        d = model.config.hidden_size
+        e = "vit.embeddings."
+        p = {"patch_embed.weight": sd[e + "patch_embeddings.projection.weight"].reshape(d, -1),
+             "patch_embed.bias": sd[e + "patch_embeddings.projection.bias"],
+             "cls_token": sd[e + "cls_token"].reshape(d), "pos_embed": sd[e + "position_embeddings"].reshape(-1, d)}
+        prefix, names = self._layout(sd)
+        for l in range(model.config.num_hidden_layers):
+            for ours, theirs in names.items():
+                for t in ("weight", "bias"):
+                    p[f"blocks.{l}.{ours}.{t}"] = sd[f"{prefix}{l}.{theirs}.{t}"]
+        for t in ("weight", "bias"):
+            p[f"ln_f.{t}"], p[f"head.{t}"] = sd[f"vit.layernorm.{t}"], sd[f"classifier.{t}"]
+        return p
+
+    def build(self, template, params):
+        model = copy.deepcopy(template)
+        sd_t = model.state_dict()
+        e = "vit.embeddings."
+        sd = {e + "patch_embeddings.projection.weight": params["patch_embed.weight"].reshape(sd_t[e + "patch_embeddings.projection.weight"].shape),
+              e + "patch_embeddings.projection.bias": params["patch_embed.bias"],
+              e + "cls_token": params["cls_token"].reshape(sd_t[e + "cls_token"].shape),
+              e + "position_embeddings": params["pos_embed"].reshape(sd_t[e + "position_embeddings"].shape)}
+        prefix, names = self._layout(sd_t)
+        for l in range(model.config.num_hidden_layers):
+            for ours, theirs in names.items():
+                for t in ("weight", "bias"):
+                    sd[f"{prefix}{l}.{theirs}.{t}"] = params[f"blocks.{l}.{ours}.{t}"]
+        for t in ("weight", "bias"):
+            sd[f"vit.layernorm.{t}"], sd[f"classifier.{t}"] = params[f"ln_f.{t}"], params[f"head.{t}"]
+        return _load(model, sd)
+
+    def logits(self, model, inputs):
+        return model(pixel_values=inputs).logits
+
+
+def adapter_for(model) -> Adapter:
+    """The adapter for `model`, or a clear error naming what cannot be mapped."""
+    if isinstance(model, ViT):
+        return RefViTAdapter()
+    if isinstance(model, GPT2):
+        return RefGPT2Adapter()
+    cls = type(model)
+    if cls.__module__.startswith("transformers"):
+        if isinstance(model, _hf_class("GPT2LMHeadModel")):
+            return HFGPT2Adapter()
+        if isinstance(model, _hf_class("ViTForImageClassification")):
+            return HFViTAdapter()
+    raise UnsupportedModelError(
+        f"cannot map module {cls.__module__}.{cls.__name__}: supported are lmc_fast.models.ViT, "
+        "lmc_fast.models.GPT2, transformers.GPT2LMHeadModel and transformers.ViTForImageClassification"
+    )
+
+
+def standard_params(model):
+    """(Arch, standard parameters) of any supported model, with every tensor checked finite."""
+    adapter = adapter_for(model)
+    arch, params = adapter.arch(model), adapter.get(model)
+    for name, t in params.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"parameter {name!r} of {type(model).__name__} holds NaN or inf values")
+    return arch, params

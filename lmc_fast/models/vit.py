@@ -1,0 +1,76 @@
+"""Reference Vision Transformer (pre-LN, CLS token, learned positions), nanoGPT style."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .blocks import Block, Norm, init_weights
+
+
+@dataclass
+class ViTConfig:
+    image_size: int = 32
+    patch_size: int = 4
+    channels: int = 3
+    num_classes: int = 10
+    d_model: int = 256
+    n_layer: int = 6
+    n_head: int = 8
+    d_mlp: int = 512
+    norm: str = "layernorm"
+    eps: float = 1e-5
+    activation: str = "gelu"
+
+    @classmethod
+    def paper(cls, **overrides) -> "ViTConfig":
+        """The ViT of the paper: patch 4, width 256, MLP 512, 6 layers, 8 heads, 32x32x3."""
+        return cls(**overrides)
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def __post_init__(self):
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, C*p*p), flattened in Conv2d's (C, kh, kw) order."""
+    B, C, H, W = x.shape
+    x = x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, (H // p) * (W // p), C * p * p)
+
+
+class ViT(nn.Module):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        c = self.config = config
+        self.patch_embed = nn.Linear(c.channels * c.patch_size**2, c.d_model)
+        self.cls_token = nn.Parameter(torch.zeros(c.d_model))
+        self.pos_embed = nn.Parameter(torch.zeros(c.n_patches + 1, c.d_model))
+        self.blocks = nn.ModuleList(
+            Block(c.d_model, c.n_head, c.d_mlp, norm=c.norm, eps=c.eps, activation=c.activation, causal=False)
+            for _ in range(c.n_layer)
+        )
+        self.ln_f = Norm(c.d_model, c.norm, c.eps)
+        self.head = nn.Linear(c.d_model, c.num_classes)
+        init_weights(self)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        if images.dim() != 4 or images.shape[1:] != (c.channels, c.image_size, c.image_size):
+            raise ValueError(
+                f"ViT expects images of shape (B, {c.channels}, {c.image_size}, {c.image_size}), got {tuple(images.shape)}"
+            )
+        x = self.patch_embed(patchify(images, c.patch_size))
+        cls = self.cls_token.expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x[:, 0]))

@@ -1,0 +1,60 @@
+"""The canonical form (DESIGN section 1), computed in float64 on standard parameters.
+
+- each norm's scale is folded into its readers (W <- W diag(gamma)) and its shift into the
+  readers' biases (b <- b + W beta); a reader without a bias (GPT-2's LM head) keeps the
+  shift as a norm bias c = beta / gamma added after normalising;
+- LayerNorm models: every writer is centred (W <- C W), so LN(h) equals RMSNorm(h);
+- b_K <- 0 (softmax ignores a per-query constant); b_O <- b_O + W_O b_V, b_V <- 0
+  (attention weights sum to one).
+The result is idempotent and exports back to the original class.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.adapters import Arch, adapter_for, standard_params
+from .spec import norm_readers, residual_writers
+
+# |gamma| below this fraction of max |gamma| makes beta / gamma unstable.
+GAMMA_TOLERANCE = 1e-6
+
+
+def canonical_params(arch: Arch, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    p = {k: v.detach().to(torch.float64).clone() for k, v in params.items()}
+    for norm, readers in norm_readers(arch).items():
+        gamma = p[norm + ".weight"]
+        beta = p.get(norm + ".bias")
+        # a reader without a bias (GPT-2's LM head) cannot absorb beta: keep it as c = beta / gamma
+        keep_shift = beta is not None and any(r + ".bias" not in p for r in readers)
+        for r in readers:
+            W = p[r + ".weight"]
+            if beta is not None and not keep_shift:
+                p[r + ".bias"] = p[r + ".bias"] + W @ beta
+            p[r + ".weight"] = W * gamma
+        if keep_shift:
+            small = gamma.abs() <= GAMMA_TOLERANCE * gamma.abs().max()
+            if (small & (beta != 0)).any():
+                raise ValueError(
+                    f"norm {norm!r}: weight (gamma) is near zero at {int(small.sum())} positions where its bias is "
+                    "not, so the canonical norm bias beta / gamma is unstable"
+                )
+            p[norm + ".bias"] = torch.where(small, torch.zeros_like(beta), beta / gamma)
+        elif beta is not None:
+            p[norm + ".bias"] = torch.zeros_like(beta)
+        p[norm + ".weight"] = torch.ones_like(gamma)
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}.attn."
+        p[b + "o.bias"] = p[b + "o.bias"] + p[b + "o.weight"] @ p[b + "v.bias"]
+        p[b + "v.bias"] = torch.zeros_like(p[b + "v.bias"])
+        p[b + "k.bias"] = torch.zeros_like(p[b + "k.bias"])
+    if arch.norm == "layernorm":
+        for name, axis in residual_writers(arch):
+            W = p[name]
+            p[name] = W - W.mean(dim=axis, keepdim=True)
+    return p
+
+
+def to_canonical(model):
+    """A model of the same class computing the same function, in canonical form."""
+    arch, params = standard_params(model)
+    return adapter_for(model).build(model, canonical_params(arch, params))

@@ -1,0 +1,125 @@
+"""Symmetry specs: which (parameter, axis) pairs each symmetry group acts on.
+
+A group acts on an axis either by its matrix M ("primal": writers, W_Q, W_V, MLP rows) or by
+M^{-T} ("dual": readers, W_K, W_O columns). For permutations and orthogonal maps the two
+coincide. Architecture knowledge lives only here and in the adapters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..models.adapters import Arch
+
+KINDS = ("permutation", "orthogonal", "heads")
+HEAD_MAPS = ("orthogonal", "invertible")
+
+
+@dataclass(frozen=True)
+class Axis:
+    param: str
+    axis: int
+    dual: bool = False
+    circuit: str | None = None  # "qk" or "vo" inside a heads group
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    kind: str
+    size: int
+    axes: tuple[Axis, ...]
+    centred: bool = False  # orthogonal map restricted to R 1 = 1 (LayerNorm models)
+    n_heads: int = 0
+    head_dim: int = 0
+    head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h) or GL(d_h)
+
+    @property
+    def layer_local(self) -> bool:
+        return self.name != "residual"
+
+
+@dataclass
+class Spec:
+    arch: Arch
+    space: str  # "canonical": parameters in canonical form; "raw": as trained
+    groups: dict[str, Group] = field(default_factory=dict)
+
+    def axes_of(self, param: str) -> list[tuple[Group, Axis]]:
+        return [(g, a) for g in self.groups.values() for a in g.axes if a.param == param]
+
+    def describe(self) -> dict:
+        return {"space": self.space, "groups": {n: [g.kind, g.size] for n, g in self.groups.items()}}
+
+
+# ----------------------------------------------------------------- residual stream roles
+def residual_writers(arch: Arch) -> list[tuple[str, int]]:
+    """(param, axis) of everything that adds into the residual stream."""
+    if arch.family == "vit":
+        out = [("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 0), ("pos_embed", 1)]
+    else:
+        out = [("tok_embed.weight", 1), ("pos_embed", 1)]
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}."
+        out += [(b + "attn.o.weight", 0), (b + "attn.o.bias", 0), (b + "mlp.fc2.weight", 0), (b + "mlp.fc2.bias", 0)]
+    return out
+
+
+def norm_readers(arch: Arch) -> dict[str, list[str]]:
+    """Each norm's name -> the linear layers that read its output."""
+    out = {}
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}."
+        out[b + "ln1"] = [b + "attn.q", b + "attn.k", b + "attn.v"]
+        out[b + "ln2"] = [b + "mlp.fc1"]
+    out["ln_f"] = [arch.head_name]
+    return out
+
+
+def residual_readers(arch: Arch) -> list[tuple[str, int]]:
+    return [(r + ".weight", 1) for readers in norm_readers(arch).values() for r in readers]
+
+
+# ---------------------------------------------------------------------- spec builders
+def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
+    groups = {}
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}."
+        if head_map is not None:
+            axes = (
+                Axis(b + "attn.q.weight", 0, False, "qk"), Axis(b + "attn.q.bias", 0, False, "qk"),
+                Axis(b + "attn.k.weight", 0, True, "qk"), Axis(b + "attn.k.bias", 0, True, "qk"),
+                Axis(b + "attn.v.weight", 0, False, "vo"), Axis(b + "attn.v.bias", 0, False, "vo"),
+                Axis(b + "attn.o.weight", 1, True, "vo"),
+            )
+            groups[f"heads.{l}"] = Group(f"heads.{l}", "heads", arch.d_model, axes, n_heads=arch.n_head,
+                                         head_dim=arch.d_head, head_map=head_map)
+        axes = (Axis(b + "mlp.fc1.weight", 0), Axis(b + "mlp.fc1.bias", 0), Axis(b + "mlp.fc2.weight", 1, True))
+        groups[f"mlp.{l}"] = Group(f"mlp.{l}", "permutation", arch.d_mlp, axes)
+    return groups
+
+
+def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
+    """Every symmetry of DESIGN section 1 on canonical parameters: residual orthogonal map
+    (R 1 = 1 for LayerNorm), per-layer head permutation with per-head QK / VO maps, per-layer
+    MLP permutation. Norm biases left by the canonical form (c = beta / gamma) rotate with R."""
+    if head_map not in HEAD_MAPS:
+        raise ValueError(f"head_map must be one of {HEAD_MAPS}, got {head_map!r}")
+    axes = [Axis(p, a) for p, a in residual_writers(arch)]
+    axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
+    if arch.norm == "layernorm":
+        axes += [Axis(n + ".bias", 0) for n in norm_readers(arch)]
+    residual = Group("residual", "orthogonal", arch.d_model, tuple(axes), centred=arch.norm == "layernorm")
+    return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": residual})
+
+
+def permutation_spec(arch: Arch) -> Spec:
+    """The Git Re-Basin baseline on raw parameters: the residual stream as one permutation
+    (norm scales and shifts move with it), one permutation per MLP; attention left alone."""
+    axes = [Axis(p, a) for p, a in residual_writers(arch)]
+    axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
+    for n in norm_readers(arch):
+        axes.append(Axis(n + ".weight", 0))
+        if arch.norm == "layernorm":
+            axes.append(Axis(n + ".bias", 0))
+    residual = Group("residual", "permutation", arch.d_model, tuple(axes))
+    return Spec(arch, "raw", {**_layer_groups(arch, None), "residual": residual})
