@@ -28,6 +28,18 @@ class ViTConfig:
         """The ViT of the paper: patch 4, width 256, MLP 512, 6 layers, 8 heads, 32x32x3."""
         return cls(**overrides)
 
+    @classmethod
+    def digits(cls, **overrides) -> "ViTConfig":
+        """A small ViT for scikit-learn's 8x8 digits (1 channel, patch 2)."""
+        base = dict(image_size=8, patch_size=2, channels=1, num_classes=10, d_model=64, n_layer=4, n_head=4, d_mlp=128)
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def mnist(cls, **overrides) -> "ViTConfig":
+        """A small ViT for 28x28 MNIST / Fashion-MNIST (1 channel, patch 4)."""
+        base = dict(image_size=28, patch_size=4, channels=1, num_classes=10, d_model=128, n_layer=4, n_head=4, d_mlp=256)
+        return cls(**{**base, **overrides})
+
     @property
     def n_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2

@@ -1,0 +1,90 @@
+"""Task losses and evaluation metrics shared by training, matching and sweeps.
+
+Classification: logits (B, C), integer targets (B,). Language modelling: logits (B, T, V) and
+targets = the input ids themselves; the shift happens here, as with Hugging Face `labels=`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+ECE_BINS = 15
+
+
+def flat_logits_targets(logits: torch.Tensor, targets: torch.Tensor):
+    """(N, C) logits and (N,) targets, shifting for language models."""
+    if logits.dim() == 3:
+        if targets.shape != logits.shape[:2]:
+            raise ValueError(f"LM targets must be the input ids of shape {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
+        return logits[:, :-1].reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1)
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(f"classification needs logits (B, C) and targets (B,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    return logits, targets
+
+
+def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    lg, tg = flat_logits_targets(logits, targets)
+    return F.cross_entropy(lg.float(), tg, label_smoothing=label_smoothing)
+
+
+class MetricSums:
+    """Accumulates loss / accuracy / calibration over batches (sums, so batch sizes may differ)."""
+
+    def __init__(self, is_lm: bool = False):
+        self.is_lm = is_lm
+        self.n = 0
+        self.loss = 0.0
+        self.correct = 0.0
+        self.bin_conf = torch.zeros(ECE_BINS, dtype=torch.float64)
+        self.bin_acc = torch.zeros(ECE_BINS, dtype=torch.float64)
+        self.bin_n = torch.zeros(ECE_BINS, dtype=torch.float64)
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor):
+        lg, tg = flat_logits_targets(logits, targets)
+        lg = lg.double()
+        self.loss += F.cross_entropy(lg, tg, reduction="sum").item()
+        conf, pred = lg.softmax(-1).max(-1)
+        hit = (pred == tg).double()
+        self.correct += hit.sum().item()
+        self.n += tg.numel()
+        bins = (conf * ECE_BINS).long().clamp_(max=ECE_BINS - 1).cpu()
+        self.bin_n += torch.bincount(bins, minlength=ECE_BINS).double()
+        self.bin_conf += torch.bincount(bins, weights=conf.cpu(), minlength=ECE_BINS)
+        self.bin_acc += torch.bincount(bins, weights=hit.cpu(), minlength=ECE_BINS)
+
+    def result(self) -> dict:
+        if self.n == 0:
+            raise ValueError("no data: the evaluation iterable yielded no batches")
+        loss = self.loss / self.n
+        ece = ((self.bin_conf - self.bin_acc).abs().sum() / self.n).item()
+        out = {"loss": loss, "acc": self.correct / self.n, "ece": ece}
+        if self.is_lm:
+            out["ppl"] = math.exp(min(loss, 700.0))
+        return out
+
+
+@torch.no_grad()
+def evaluate(model, data, device=None, max_batches: int | None = None) -> dict:
+    """Mean loss, accuracy, ECE (and perplexity for LMs) of any supported model over `data`."""
+    from ..models.adapters import adapter_for
+
+    adapter = adapter_for(model)
+    was_training = model.training
+    model.eval()
+    device = device or next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    sums = None
+    for i, (x, y) in enumerate(data):
+        if max_batches is not None and i >= max_batches:
+            break
+        x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
+        logits = adapter.logits(model, x)
+        if sums is None:
+            sums = MetricSums(is_lm=logits.dim() == 3)
+        sums.add(logits, y.to(device))
+    model.train(was_training)
+    if sums is None:
+        raise ValueError("no data: the evaluation iterable yielded no batches")
+    return sums.result()
