@@ -1,0 +1,131 @@
+"""Batched small SVD and orthogonal polar factor (Procrustes).
+
+Routing (see bench/bench_polar.py and bench/results/ for the measurements behind it):
+- CPU, float32/float64, n <= CPU_MAX_N: the C++ one-sided Jacobi (OpenMP over the batch).
+- CUDA, float32/float64, n <= 64: the CUDA kernel (one thread block per matrix).
+- everything else (larger n, other dtypes' fallback, tensors that need autograd, or no
+  compiled extension): ``torch.linalg.svd`` (the reference).
+Half/bfloat16 inputs are computed in float32 and cast back.
+
+Rank-deficient inputs: U is always orthogonal; the columns of U that belong to zero
+singular values are completed to an orthonormal basis (Gram-Schmidt on e_0, e_1, ...), so
+``polar(M)`` is orthogonal and is one valid maximiser of tr(R^T M). The reference
+(LAPACK / cuSOLVER) may pick a different, equally valid completion.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._ext import get_ext, has_cuda_kernels
+from .reference import polar_reference, svd_small_reference
+
+__all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CUDA_MAX_N"]
+
+#: Largest n for which the C++ Jacobi is the CPU default (torch's LAPACK wins above).
+CPU_MAX_N = 64
+#: Largest n of the CUDA one-block-per-matrix kernel.
+CUDA_MAX_N = 64
+
+_COMPUTE = (torch.float32, torch.float64)
+
+
+def _check(M: torch.Tensor, fn: str) -> tuple[torch.Tensor, bool]:
+    if not isinstance(M, torch.Tensor):
+        raise TypeError(f"{fn}: expected a torch.Tensor, got {type(M).__name__}")
+    if M.dim() not in (2, 3):
+        raise ValueError(f"{fn}: expected an (n, n) or (B, n, n) tensor, got shape {tuple(M.shape)}")
+    if M.shape[-1] != M.shape[-2]:
+        raise ValueError(f"{fn}: matrices must be square, got {tuple(M.shape[-2:])}")
+    if not M.is_floating_point():
+        raise TypeError(f"{fn}: expected a floating-point tensor, got {M.dtype}")
+    if M.numel() and not bool(torch.isfinite(M).all()):
+        raise ValueError(f"{fn}: input contains NaN or inf")
+    squeeze = M.dim() == 2
+    return (M.unsqueeze(0) if squeeze else M), squeeze
+
+
+def _route(M: torch.Tensor) -> str:
+    """'cpu' (C++), 'cuda' (CUDA kernel) or 'torch' (reference) for a (B, n, n) batch."""
+    n = M.shape[-1]
+    if M.numel() == 0 or (torch.is_grad_enabled() and M.requires_grad):
+        return "torch"
+    if M.device.type == "cpu":
+        if n <= CPU_MAX_N and get_ext() is not None:
+            return "cpu"
+        return "torch"
+    if M.device.type == "cuda" and n <= CUDA_MAX_N and has_cuda_kernels():
+        return "cuda"
+    return "torch"
+
+
+def _cpu_call(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
+    ext = get_ext()
+    x = M.detach()
+    dtype = x.dtype if x.dtype in _COMPUTE else torch.float32
+    arr = x.to(dtype).contiguous().numpy()
+    U, S, Vh, P, _ = ext.polar_svd(arr, want_uv, want_s, want_p)
+    conv = lambda a: None if a is None else torch.from_numpy(a).to(M.dtype)  # noqa: E731
+    return conv(U), conv(S), conv(Vh), conv(P)
+
+
+def _cuda_call(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
+    ext = get_ext()
+    x = M.detach()
+    dtype = x.dtype if x.dtype in _COMPUTE else torch.float32
+    x = x.to(dtype).contiguous()
+    B, n, _ = x.shape
+    with torch.cuda.device(x.device):
+        U = torch.empty_like(x) if want_uv else None
+        Vh = torch.empty_like(x) if want_uv else None
+        S = torch.empty((B, n), dtype=dtype, device=x.device) if want_s else None
+        P = torch.empty_like(x) if want_p else None
+        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        ext.polar_cuda(x.data_ptr(), ptr(U), ptr(S), ptr(Vh), ptr(P), B, n,
+                       "float32" if dtype == torch.float32 else "float64", 0.0, 60, stream)
+    conv = lambda a: None if a is None else a.to(M.dtype)  # noqa: E731
+    return conv(U), conv(S), conv(Vh), conv(P)
+
+
+def _dispatch(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
+    route = _route(M)
+    if route == "cpu":
+        return _cpu_call(M, want_uv, want_s, want_p)
+    if route == "cuda":
+        return _cuda_call(M, want_uv, want_s, want_p)
+    x = M if M.dtype in _COMPUTE else M.to(torch.float32)
+    U, S, Vh = svd_small_reference(x)
+    P = U @ Vh if want_p else None
+    conv = lambda a: None if a is None else a.to(M.dtype)  # noqa: E731
+    return conv(U), conv(S), conv(Vh), conv(P)
+
+
+def svd_small(M: torch.Tensor):
+    """(B, n, n) or (n, n) -> (U, S, Vh) with M = U diag(S) Vh, S descending
+    (``torch.linalg.svd`` conventions), on M's device and in M's dtype."""
+    Mb, squeeze = _check(M, "svd_small")
+    U, S, Vh, _ = _dispatch(Mb, True, True, False)
+    if squeeze:
+        return U[0], S[0], Vh[0]
+    return U, S, Vh
+
+
+def polar(M: torch.Tensor) -> torch.Tensor:
+    """(B, n, n) or (n, n) -> orthogonal polar factor U Vh of each matrix (the orthogonal
+    R maximising tr(R^T M)), on M's device and in M's dtype."""
+    Mb, squeeze = _check(M, "polar")
+    if _route(Mb) == "torch" and Mb.dtype in _COMPUTE:
+        P = polar_reference(Mb)
+    else:
+        P = _dispatch(Mb, False, False, True)[3]
+    return P[0] if squeeze else P
+
+
+def polar_and_singular_values(M: torch.Tensor):
+    """(P, S): the polar factor and the singular values (e.g. nuclear norm = S.sum(-1))
+    from one decomposition."""
+    Mb, squeeze = _check(M, "polar_and_singular_values")
+    _, S, _, P = _dispatch(Mb, False, True, True)
+    if squeeze:
+        return P[0], S[0]
+    return P, S
