@@ -96,13 +96,15 @@ def apply_axis(W: torch.Tensor, group: Group, ax: Axis, el: Element) -> torch.Te
 
 def apply_spec(spec: Spec, params: dict[str, torch.Tensor], elements: dict[str, Element],
                skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """g . params for the given elements (groups missing from `elements` or in `skip` act as identity)."""
+    """g . params for the given elements (groups missing from `elements` or in `skip` act as
+    identity; parameters missing from `params` are passed over, so a subset can be transformed)."""
     out = dict(params)
     for name, group in spec.groups.items():
         if name in skip or name not in elements:
             continue
         for ax in group.axes:
-            out[ax.param] = apply_axis(out[ax.param], group, ax, elements[name])
+            if ax.param in out:
+                out[ax.param] = apply_axis(out[ax.param], group, ax, elements[name])
     return out
 
 

@@ -1,0 +1,65 @@
+"""`align(model_a, model_b, method=...)`: the one entry point over every matching method."""
+from __future__ import annotations
+
+from ..models.adapters import standard_params
+from ..symmetry import Alignment, check_same_arch, prepare_params, spec_for
+from ..sweep.batches import reiterable
+
+METHODS = ("weight", "permutation", "activation", "learned")
+
+
+def _progress(enabled: bool, desc: str, total=None):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
+
+
+def params_pair(model_a, model_b, space: str):
+    arch_a, raw_a = standard_params(model_a)
+    arch_b, raw_b = standard_params(model_b)
+    check_same_arch(arch_a, arch_b, "model_b")
+    spec = spec_for(arch_a, space)
+    return spec, prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)
+
+
+def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0, max_iter: int = 100,
+          tol: float = 1e-10, order: str = "structured", max_batches: int | None = None,
+          progress: bool = False, **learned_kw) -> Alignment:
+    """The alignment g with g . model_b as close to model_a as the method can make it.
+
+    - "weight": generalized weight matching over every symmetry group (data-free);
+    - "permutation": Git Re-Basin weight matching on raw parameters (the baseline);
+    - "activation": the same solvers on activation cross-covariances over `data`;
+    - "learned": straight-through optimisation of the alignment on the task loss of the
+      midpoints (needs `data`), initialised at weight matching.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "permutation":
+        from .weight import weight_matching
+
+        spec, pa, pb = params_pair(model_a, model_b, "raw")
+        bar = _progress(progress, "permutation matching", max_iter)
+        elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed, progress=bar)
+        info["method"] = "permutation"
+    elif method == "weight":
+        from .weight import weight_matching
+
+        spec, pa, pb = params_pair(model_a, model_b, "canonical")
+        bar = _progress(progress, "weight matching", max_iter)
+        elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed, progress=bar)
+    elif method == "activation":
+        from .activation import activation_matching
+
+        spec, pa, pb = params_pair(model_a, model_b, "canonical")
+        bar = _progress(progress, "activation statistics")
+        elements, info = activation_matching(spec, pa, pb, reiterable(data), max_batches=max_batches, progress=bar)
+    else:
+        from .learned import learned_matching
+
+        return learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
+    if bar is not None:
+        bar.close()
+    return Alignment(spec, elements, info)

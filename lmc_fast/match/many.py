@@ -1,0 +1,75 @@
+"""Aligning several models: all to one reference, or MergeMany ("each to the mean of the others")."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..models.adapters import adapter_for
+from ..symmetry import Alignment
+from .align import align, params_pair
+
+
+def _same(spec, e1: dict, e2: dict, atol: float = 1e-9) -> bool:
+    for name in spec.groups:
+        for key, t in e1[name].items():
+            u = e2[name][key]
+            if t.dtype == torch.int64:
+                if not torch.equal(t, u):
+                    return False
+            elif (t - u).abs().max() > atol:
+                return False
+    return True
+
+
+def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: int = 10, data=None, seed: int = 0,
+               return_alignments: bool = False, progress: bool = False):
+    """Aligned copies of `models` (the first is the reference), ready for `interpolate` / `simplex`.
+
+    mode="reference": align each model to models[0]. mode="mean" (MergeMany, data-free methods
+    only): start there, then repeatedly re-align each model to the mean of the others until no
+    element changes or `rounds` is reached.
+    """
+    if len(models) < 2:
+        raise ValueError("merge_many needs at least two models")
+    if mode not in ("mean", "reference"):
+        raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
+    alignments = [None] + [align(models[0], m, method, data=data, seed=seed) for m in models[1:]]
+    spec = alignments[1].spec
+    originals = [params_pair(models[0], m, spec.space)[2] for m in models]
+    alignments[0] = Alignment.identity(spec)
+    current = [al.apply_params(p) for al, p in zip(alignments, originals)]
+    done_rounds = 0
+    if mode == "mean":
+        if method not in ("weight", "permutation"):
+            raise ValueError("mode='mean' needs a data-free method ('weight' or 'permutation')")
+        from .weight import weight_matching
+
+        rng = random.Random(seed)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=rounds, desc="merge_many")
+        for done_rounds in range(1, rounds + 1):
+            changed = False
+            order = list(range(len(models)))
+            rng.shuffle(order)
+            for i in order:
+                others = [current[j] for j in range(len(models)) if j != i]
+                target = {k: sum(p[k] for p in others) / len(others) for k in others[0]}
+                elements, info = weight_matching(spec, target, originals[i], seed=seed)
+                if not _same(spec, elements, alignments[i].elements):
+                    changed = True
+                alignments[i] = Alignment(spec, elements, info)
+                current[i] = alignments[i].apply_params(originals[i])
+            if bar is not None:
+                bar.update(1)
+            if not changed:
+                break
+        if bar is not None:
+            bar.close()
+    out = [adapter_for(m).build(m, p) for m, p in zip(models, current)]
+    for al in alignments:
+        al.info["merge_rounds"] = done_rounds
+    return (out, alignments) if return_alignments else out

@@ -1,0 +1,111 @@
+"""Loss / accuracy barriers along the linear path between two models (DESIGN section 3).
+
+barrier = max_lam [ L(theta_lam) - ((1 - lam) L(theta_A) + lam L(theta_B)) ]
+
+Two engines return the same numbers:
+- "loop": the per-point baseline every prior tool runs (interpolate, load, evaluate);
+- "fused": all K points in one pass per batch, parameters stacked along a lambda axis,
+  batched GEMMs, and the embedding (linear in the parameters) computed once per end point.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .batches import reiterable
+from .engine import evaluate_mixtures_fused, evaluate_mixtures_loop
+from .interpolate import models_params
+
+
+@dataclass
+class BarrierResult:
+    lambdas: list[float]
+    loss: list[float]
+    acc: list[float]
+    ece: list[float]
+    ppl: list[float] | None
+    loss_a: float
+    loss_b: float
+    acc_a: float
+    acc_b: float
+    barrier: float  # loss barrier (max of loss - chord, clipped at 0 only by being a max over ends)
+    acc_barrier: float  # max accuracy drop below the chord
+    signed: list[float] = field(default_factory=list)  # loss - chord at every lambda
+    signed_min: float = 0.0
+    signed_max: float = 0.0
+    space: str = "canonical"
+    engine: str = "loop"
+    seconds: float = 0.0
+
+    @property
+    def loss_barrier(self) -> float:
+        return self.barrier
+
+    def at(self, lam: float) -> dict:
+        i = min(range(len(self.lambdas)), key=lambda j: abs(self.lambdas[j] - lam))
+        return {"lambda": self.lambdas[i], "loss": self.loss[i], "acc": self.acc[i]}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+
+def lambda_grid(lambdas) -> list[float]:
+    if isinstance(lambdas, int):
+        if lambdas < 2:
+            raise ValueError(f"lambdas as an int must be >= 2 (both ends included), got {lambdas}")
+        return [i / (lambdas - 1) for i in range(lambdas)]
+    grid = [float(l) for l in lambdas]
+    if not grid or any(not (0.0 <= l <= 1.0) for l in grid):
+        raise ValueError(f"lambdas must lie in [0, 1], got {grid}")
+    return grid
+
+
+def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
+            max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
+            progress: bool = False) -> BarrierResult:
+    """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
+
+    `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
+    `space="raw"` interpolates the parameters as they are (the "no alignment" baseline).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    lams = lambda_grid(lambdas)
+    data = reiterable(data)
+    arch, params = models_params([model_a, model_b], space)
+    evals = sorted(set(lams) | {0.0, 1.0})
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(evals) if engine == "loop" else None, desc=f"sweep ({engine})", unit="pt" if engine == "loop" else "batch")
+    weights = [[1.0 - l, l] for l in evals]
+    if engine == "loop":
+        results = evaluate_mixtures_loop([model_a, model_b], params, weights, data, max_batches, bar)
+    elif engine == "fused":
+        p0 = next(model_a.parameters())
+        results = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, progress=bar,
+                                          dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk)
+    else:
+        raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
+    if bar is not None:
+        bar.close()
+    by_lam = dict(zip(evals, results))
+    ra, rb = by_lam[0.0], by_lam[1.0]
+    rows = [by_lam[l] for l in lams]
+    chord = [(1 - l) * ra["loss"] + l * rb["loss"] for l in lams]
+    signed = [r["loss"] - c for r, c in zip(rows, chord)]
+    acc_drop = [(1 - l) * ra["acc"] + l * rb["acc"] - r["acc"] for l, r in zip(lams, rows)]
+    return BarrierResult(
+        lambdas=lams, loss=[r["loss"] for r in rows], acc=[r["acc"] for r in rows], ece=[r["ece"] for r in rows],
+        ppl=[r["ppl"] for r in rows] if "ppl" in ra else None,
+        loss_a=ra["loss"], loss_b=rb["loss"], acc_a=ra["acc"], acc_b=rb["acc"],
+        barrier=max(signed), acc_barrier=max(acc_drop), signed=signed, signed_min=min(signed),
+        signed_max=max(signed), space=space, engine=engine, seconds=time.perf_counter() - t0,
+    )
