@@ -92,7 +92,7 @@ void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y,
 }  // namespace
 
 void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work,
-               int64_t* iwork) {
+               int64_t* iwork, int init_level) {
   double* v = work;            // m
   double* d = work + m;        // m
   double* vmin = work + 2 * m; // m (column reduction)
@@ -107,7 +107,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
   for (int64_t j = 0; j < m; ++j) y[j] = -1;
   int64_t numfree = 0;
 
-  if (n == m && n > 1) {
+  if (n == m && n > 1 && init_level >= 1) {
     // Column reduction: v_j = min_i c_ij, scanning rows (contiguous) not columns.
     for (int64_t j = 0; j < m; ++j) {
       vmin[j] = c[j];
@@ -155,7 +155,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
       }
     }
     // Augmenting row reduction, two rounds.
-    for (int round = 0; round < 2 && numfree > 0; ++round) {
+    for (int round = 0; round < (init_level >= 2 ? 2 : 0) && numfree > 0; ++round) {
       int64_t k = 0;
       const int64_t prvnumfree = numfree;
       numfree = 0;

@@ -117,7 +117,7 @@ py::tuple svd_dispatch(py::array arr, bool want_uv, bool want_s, bool want_p, do
 }
 
 template <typename T>
-py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads) {
+py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads, int init_level) {
   auto C = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(arr);
   if (!C) throw py::value_error("linear_assignment: could not convert input");
   const int64_t B = C.shape(0), n = C.shape(1), m = C.shape(2);
@@ -154,7 +154,7 @@ py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads) {
           bad = true;
           continue;
         }
-        lmc::lap_solve(cost.data(), n, m, dst + (size_t)b * n, work.data(), iwork.data());
+        lmc::lap_solve(cost.data(), n, m, dst + (size_t)b * n, work.data(), iwork.data(), init_level);
       }
     }
   }
@@ -163,7 +163,7 @@ py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads) {
   return out;
 }
 
-py::array_t<int64_t> linear_assignment(py::array arr, bool maximize, int num_threads) {
+py::array_t<int64_t> linear_assignment(py::array arr, bool maximize, int num_threads, int init_level) {
   if (arr.ndim() != 3)
     throw py::value_error("linear_assignment: expected a (B, n, m) array, got ndim=" +
                           std::to_string(arr.ndim()));
@@ -173,9 +173,9 @@ py::array_t<int64_t> linear_assignment(py::array arr, bool maximize, int num_thr
                           ")");
   const auto kind = arr.dtype().kind();
   const auto size = arr.dtype().itemsize();
-  if (kind == 'f' && size == 4) return lap_impl<float>(arr, maximize, num_threads);
-  if (kind == 'f' && size == 8) return lap_impl<double>(arr, maximize, num_threads);
-  if (kind == 'i' || kind == 'u') return lap_impl<double>(arr, maximize, num_threads);
+  if (kind == 'f' && size == 4) return lap_impl<float>(arr, maximize, num_threads, init_level);
+  if (kind == 'f' && size == 8) return lap_impl<double>(arr, maximize, num_threads, init_level);
+  if (kind == 'i' || kind == 'u') return lap_impl<double>(arr, maximize, num_threads, init_level);
   throw py::type_error("linear_assignment: dtype must be float32, float64 or integer, got " +
                        std::string(py::str(arr.dtype())));
 }
@@ -274,7 +274,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tol") = 0.0, py::arg("max_sweeps") = 60, py::arg("num_threads") = 0,
       "General entry: returns (U, S, Vh, P, sweeps); unrequested outputs are None.");
   m.def("linear_assignment", &linear_assignment, py::arg("C"), py::arg("maximize") = true,
-        py::arg("num_threads") = 0,
+        py::arg("num_threads") = 0, py::arg("init_level") = 1,
         "Exact batched linear assignment (Jonker-Volgenant) of a (B, n, m) array, n <= m.\n"
         "Returns (B, n) int64 column indices. Costs must be finite.");
   m.def("polar_cuda", &polar_cuda, py::arg("M"), py::arg("U"), py::arg("S"), py::arg("Vh"),

@@ -160,3 +160,16 @@ def test_cuda_tensor_roundtrip():
     cols = K.linear_assignment(C)
     assert cols.is_cuda and cols.dtype == torch.int64
     _check(C.cpu(), cols.cpu(), True)
+
+
+@needs_ext
+@pytest.mark.parametrize("init_level", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["gauss", "int"])
+def test_all_init_levels_exact(init_level, kind):
+    """Every initialisation variant of the JV solver (none / column reduction + transfer /
+    + augmenting row reduction) reaches scipy's optimum, with and without ties."""
+    rng = np.random.default_rng(init_level * 10 + len(kind))
+    C = rng.standard_normal((3, 90, 90)) if kind == "gauss" else rng.integers(0, 4, (3, 90, 90)).astype(float)
+    for maximize in (True, False):
+        cols = get_ext().linear_assignment(C, maximize, 0, init_level)
+        _check(torch.from_numpy(C), torch.from_numpy(cols), maximize)

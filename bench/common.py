@@ -1,0 +1,104 @@
+"""Shared benchmark helpers: machine description, median timing, JSON results."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        if m:
+            return f"{m.group(1).strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:  # noqa: BLE001 - triton is optional
+        return None
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_time(fn, *, repeat: int = 5, warmup: int = 1, device="cpu", min_time: float = 0.0):
+    """Median wall time of fn() over `repeat` runs after `warmup` runs (seconds)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    t_start = time.perf_counter()
+    while len(times) < repeat or (time.perf_counter() - t_start) < min_time:
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    return statistics.median(times), times
+
+
+def record(name: str, *, device, dtype, sizes, baseline: str, baseline_s: float, ours_s: float,
+           gflops: float | None = None, extra: dict | None = None) -> dict:
+    rec = {
+        "name": name,
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "sizes": sizes,
+        "baseline": baseline,
+        "baseline_s": baseline_s,
+        "ours_s": ours_s,
+        "speedup": baseline_s / ours_s if ours_s > 0 else None,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "threads": torch.get_num_threads(),
+    }
+    if gflops is not None:
+        rec["ours_gflops"] = gflops / ours_s if ours_s > 0 else None
+        rec["baseline_gflops"] = gflops / baseline_s if baseline_s > 0 else None
+        rec["gflop"] = gflops
+    if extra:
+        rec.update(extra)
+    return rec
+
+
+def write_results(stem: str, records: list[dict], device="cpu") -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tag = "gpu" if torch.device(device).type == "cuda" else "cpu"
+    path = RESULTS / f"{stem}_{tag}.json"
+    path.write_text(json.dumps(records, indent=2) + "\n")
+    return path
+
+
+def print_table(records: list[dict]) -> None:
+    print(f"{'name':<34} {'dtype':<8} {'sizes':<24} {'baseline_s':>11} {'ours_s':>10} {'speedup':>8}")
+    for r in records:
+        print(f"{r['name']:<34} {r['dtype']:<8} {json.dumps(r['sizes']):<24} "
+              f"{r['baseline_s']:>11.5f} {r['ours_s']:>10.5f} {r['speedup']:>7.2f}x")
