@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_time, print_table, record, write_results  # noqa: E402
 
 import lmc_fast.kernels as K  # noqa: E402
+import lmc_fast.kernels._ext  # noqa: E402,F401
 
 polar_mod = importlib.import_module("lmc_fast.kernels.polar")
 
@@ -26,9 +27,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads for both torch and ours (0 = defaults); 1 = per-core comparison")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
-    cases = [(16, 256), (32, 128), (64, 64), (64, 256), (128, 32), (256, 8)]
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    ext = K._ext.get_ext() if hasattr(K, "_ext") else None
+    cases = [(16, 256), (32, 128), (48, 64), (64, 64), (128, 16), (256, 4)]
     if dev.type == "cuda":
         cases = [(16, 1024), (32, 1024), (64, 512), (64, 4096), (128, 256), (256, 64)]
     if args.quick:
@@ -41,8 +47,12 @@ def main(argv=None):
             M = torch.randn(B, n, n, generator=g, dtype=dtype).to(dev)
             # Ours, forced through the compiled path where one exists for this device.
             if dev.type == "cpu":
-                ours = lambda: polar_mod._cpu_call(M, False, False, True)  # noqa: E731
-                path = "cpu-jacobi"
+                if args.threads > 0:
+                    arr = M.numpy()
+                    ours = lambda: (None, None, None, torch.from_numpy(ext.polar(arr, num_threads=args.threads)))  # noqa: E731
+                else:
+                    ours = lambda: polar_mod._cpu_call(M, False, False, True)  # noqa: E731
+                path = "cpu-jacobi" + (f"-{args.threads}thread" if args.threads > 0 else "")
             elif n <= polar_mod.CUDA_MAX_N and K.has_cuda_kernels():
                 ours = lambda: polar_mod._cuda_call(M, False, False, True)  # noqa: E731
                 path = "cuda-jacobi"
@@ -60,7 +70,7 @@ def main(argv=None):
                 baseline="torch.linalg.svd batched, then U @ Vh", baseline_s=t_base, ours_s=t_ours,
                 extra={"max_abs_err_vs_fp64": err, "default_route": polar_mod._route(M)}))
             print_table(recs[-1:])
-    path = write_results("polar", recs, dev)
+    path = write_results("polar" + (f"_{args.threads}thread" if args.threads > 0 else ""), recs, dev)
     print(f"wrote {path}")
     print_table(recs)
     return 0

@@ -79,6 +79,7 @@ def record(name: str, *, device, dtype, sizes, baseline: str, baseline_s: float,
         "speedup": baseline_s / ours_s if ours_s > 0 else None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),
+        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     if gflops is not None:
         rec["ours_gflops"] = gflops / ours_s if ours_s > 0 else None

@@ -1,7 +1,8 @@
 """Batched small SVD and orthogonal polar factor (Procrustes).
 
 Routing (see bench/bench_polar.py and bench/results/ for the measurements behind it):
-- CPU, float32/float64, n <= CPU_MAX_N: the C++ one-sided Jacobi (OpenMP over the batch).
+- CPU, n <= CPU_MAX_N_BY_DTYPE[dtype] (32 for float32, 64 for float64): the C++ one-sided
+  Jacobi in double (OpenMP over the batch).
 - CUDA, float32/float64, n <= 64: the CUDA kernel (one thread block per matrix).
 - everything else (larger n, other dtypes' fallback, tensors that need autograd, or no
   compiled extension): ``torch.linalg.svd`` (the reference).
@@ -19,10 +20,13 @@ import torch
 from ._ext import get_ext, has_cuda_kernels
 from .reference import polar_reference, svd_small_reference
 
-__all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CUDA_MAX_N"]
+__all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_MAX_N_BY_DTYPE", "CUDA_MAX_N"]
 
-#: Largest n for which the C++ Jacobi is the CPU default (torch's LAPACK wins above).
-CPU_MAX_N = 64
+#: Largest n for which the C++ Jacobi is the CPU default, per dtype (torch's LAPACK wins
+#: above; measured on a 2-core CPU, bench/results/polar_cpu*.json). Jacobi computes in
+#: double either way, so float64 inputs gain more against LAPACK's dgesdd.
+CPU_MAX_N_BY_DTYPE = {torch.float32: 32, torch.float64: 64}
+CPU_MAX_N = max(CPU_MAX_N_BY_DTYPE.values())
 #: Largest n of the CUDA one-block-per-matrix kernel.
 CUDA_MAX_N = 64
 
@@ -50,7 +54,7 @@ def _route(M: torch.Tensor) -> str:
     if M.numel() == 0 or (torch.is_grad_enabled() and M.requires_grad):
         return "torch"
     if M.device.type == "cpu":
-        if n <= CPU_MAX_N and get_ext() is not None:
+        if n <= CPU_MAX_N_BY_DTYPE.get(M.dtype, CPU_MAX_N_BY_DTYPE[torch.float32]) and get_ext() is not None:
             return "cpu"
         return "torch"
     if M.device.type == "cuda" and n <= CUDA_MAX_N and has_cuda_kernels():

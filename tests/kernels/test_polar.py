@@ -140,6 +140,8 @@ def test_polar_other_dtypes_and_grad_route_to_torch():
 def test_polar_routes_large_n_to_torch():
     M = torch.randn(2, polar_mod.CPU_MAX_N + 8, polar_mod.CPU_MAX_N + 8)
     assert polar_mod._route(M) == "torch"
+    if get_ext() is not None:
+        assert polar_mod._route(torch.randn(2, 16, 16)) == "cpu"
     assert _orth_err(K.polar(M)) < 1e-5
 
 
