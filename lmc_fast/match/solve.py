@@ -74,6 +74,15 @@ def solve_heads(C_qk: torch.Tensor, C_vo: torch.Tensor):
     return perm, maps[0], maps[1]
 
 
+def solve_head_maps(C_qk: torch.Tensor, C_vo: torch.Tensor, perm: torch.Tensor):
+    """Per-head Procrustes for a fixed head assignment: (H, H, d, d) correlations -> (H, d, d) maps."""
+    H = perm.shape[0]
+    rows = torch.arange(H)
+    dh = C_qk.shape[-1]
+    maps = kernels.polar(torch.cat([C_qk[rows, perm], C_vo[rows, perm]])).reshape(2, H, dh, dh)
+    return maps[0], maps[1]
+
+
 def objective(pa: dict, pb: dict, names) -> float:
     """sum over parameters of <A_p, B_p>."""
     return float(sum((pa[n] * pb[n]).sum() for n in names))
