@@ -63,7 +63,7 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     data: a dataset (ImageDataset / TokenDataset: batched here with `batch_size`, default 128,
     shuffled from `seed`) or any re-iterable of `(inputs, targets)` batches (a `Loader` is
     re-seeded per epoch with `set_epoch`, so runs are reproducible). Give `epochs` or
-    `steps` (neither: 1 epoch). `warmup` is a fraction of the total steps. `seed` seeds
+    `steps` (neither: 1 epoch). `warmup` is a fraction of the total steps (>= 1: a step count). `seed` seeds
     torch/NumPy/Python and the shuffling. `eval_data` (dataset or batches) is evaluated at
     the end. Returns {"train_loss" (mean of the last epoch, or the last <=100 steps),
     "steps", "epochs", "seconds", "lr", "loss_curve" (mean loss per epoch / 100 steps),
