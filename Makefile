@@ -51,7 +51,7 @@ test: TRITON_INTERPRET = 1
 test: HF_HUB_OFFLINE = 1
 test: LMC_FAST_DATA = $(DATA)
 test: $(STAMP) $(SHAKESPEARE) fashion-mnist
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 test-slow: TRITON_INTERPRET = 1
 test-slow: HF_HUB_OFFLINE = 1
