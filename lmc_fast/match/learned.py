@@ -1,0 +1,187 @@
+"""Learned matching: optimise the alignment itself on the task loss of interpolated models.
+
+One latent matrix per symmetry group, initialised at the weight-matching solution; each
+step projects the latents to group elements (straight-through, see projection.py), forms
+theta = sum_n w_n g_n . theta_n for mixing weights w drawn per step (lambda ~ U[0.4, 0.6]
+by default for two models, Dirichlet(alpha) for several), and takes an Adam step on the
+latents only. Several mixing weights share a step as one batched pass (the K axis of the
+functional forward). Early stopping on the barrier measured on a validation split carved
+from the training batches; the best projected elements are returned as ordinary Alignments.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ..models.adapters import standard_params
+from ..sweep import functional as Fn
+from ..sweep.batches import reiterable
+from ..sweep.engine import evaluate_mixtures_fused
+from ..sweep.metrics import task_loss
+from ..symmetry import Alignment, canonical_spec, check_same_arch, prepare_params
+from .projection import Latents, apply_dense
+
+LAMBDA_MODES = ("narrow", "uniform", "fixed")
+
+
+def sample_weights(mode, n_models: int, k: int, gen: torch.Generator, alpha: float = 1.0) -> torch.Tensor:
+    """(k, n_models) mixing weights for one step."""
+    if n_models > 2:
+        g = torch._standard_gamma(torch.full((k, n_models), float(alpha), dtype=torch.float64), generator=gen)
+        return g / g.sum(-1, keepdim=True)
+    if isinstance(mode, (int, float)):
+        lam = torch.full((k,), float(mode), dtype=torch.float64)
+    elif mode == "narrow":
+        lam = 0.4 + 0.2 * torch.rand(k, generator=gen, dtype=torch.float64)
+    elif mode == "uniform":
+        lam = torch.rand(k, generator=gen, dtype=torch.float64)
+    elif mode == "fixed":
+        lam = torch.full((k,), 0.5, dtype=torch.float64)
+    else:
+        raise ValueError(f"lam must be one of {LAMBDA_MODES} or a number, got {mode!r}")
+    return torch.stack([1 - lam, lam], dim=1)
+
+
+def _mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
+    """(K, N) weights, N tensors -> (K, ...) mixtures, as broadcast multiply-adds."""
+    out = None
+    for n, t in enumerate(tensors):
+        term = w[:, n].reshape(-1, *([1] * t.dim())) * t
+        out = term if out is None else out + term
+    return out
+
+
+def split_batches(data, val_fraction: float):
+    batches = list(reiterable(data))
+    if len(batches) < 2:
+        raise ValueError("learned matching needs at least 2 batches (training and a validation split)")
+    n_val = max(1, int(round(len(batches) * val_fraction)))
+    return batches[:-n_val], batches[-n_val:]
+
+
+def _val_barrier(arch, params_list, mixes, val, own_losses, dtype, device) -> float:
+    rows = evaluate_mixtures_fused(arch, params_list, mixes, val, dtype=dtype, device=device)
+    return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
+
+
+def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
+                     alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
+                     device="cpu", progress=False):
+    """Core loop: params_list[0] is the fixed reference; latents for every other model."""
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    arch, N = spec.arch, len(params_list)
+    fixed = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
+    latents = [Latents(spec, el, dtype).to(device) for el in init_elements]
+    params = [p for lat in latents for p in lat.parameters()]
+    opt = torch.optim.Adam(params, lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    mixes = [[1.0 - l, l] for l in (0.25, 0.5, 0.75)] if N == 2 else [[1.0 / N] * N]
+    own = torch.tensor([r["loss"] for r in evaluate_mixtures_fused(arch, params_list, torch.eye(N, dtype=torch.float64),
+                                                                   val, dtype=dtype, device=device)], dtype=torch.float64)
+
+    def hard_params():
+        with torch.no_grad():
+            hard = [lat.project()[1] for lat in latents]
+        aligned = [params_list[0]] + [Alignment(spec, h).apply_params(p) for h, p in zip(hard, params_list[1:])]
+        return hard, aligned
+
+    hard, aligned = hard_params()
+    best = (_val_barrier(arch, aligned, mixes, val, own, dtype, device), 0, hard)
+    history = [(0, best[0])]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="learned matching")
+    bad, step, batch_iter = 0, 0, iter(())
+    for step in range(1, steps + 1):
+        try:
+            x, y = next(batch_iter)
+        except StopIteration:
+            batch_iter = iter(train)
+            x, y = next(batch_iter)
+        x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
+        y = y.to(device)
+        w = sample_weights(lam, N, lambdas_per_step, gen, alpha).to(device=device, dtype=dtype)
+        moved = [fixed[0]] + [apply_dense(spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], latents)]
+        theta = {k: _mix(w, [m[k] for m in moved]) for k in moved[0]}
+        logits = Fn.forward(arch, theta, x)
+        loss = sum(task_loss(logits[i], y) for i in range(logits.shape[0])) / logits.shape[0]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", best_val_barrier=f"{best[0]:.4f}")
+        if step % eval_every == 0 or step == steps:
+            hard, aligned = hard_params()
+            vb = _val_barrier(arch, aligned, mixes, val, own, dtype, device)
+            history.append((step, vb))
+            if vb < best[0] - 1e-6:
+                best, bad = (vb, step, hard), 0
+            else:
+                bad += 1
+                if bad >= patience:
+                    break
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    info = {"method": "learned", "steps": step, "best_step": best[1], "val_barrier": best[0],
+            "val_history": history, "seconds": seconds, "steps_per_second": step / seconds,
+            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr}
+    return best[2], info
+
+
+def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
+                     lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
+                     head_map: str = "orthogonal", init: Alignment | None = None, seed: int = 0, device=None,
+                     progress: bool = False) -> Alignment:
+    """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A."""
+    from .align import align
+
+    arch_a, raw_a = standard_params(model_a)
+    arch_b, raw_b = standard_params(model_b)
+    check_same_arch(arch_a, arch_b, "model_b")
+    train, val = split_batches(data, val_fraction)
+    if init is None:
+        init = align(model_a, model_b, "weight", seed=seed)
+    spec = canonical_spec(arch_a, head_map)
+    pa, pb = prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)
+    device = device or next(model_a.parameters()).device
+    hard, info = learn_alignments(spec, [pa, pb], [init.elements], train, val, steps=steps, lr=lr, lam=lam,
+                                  lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience,
+                                  seed=seed, device=device, progress=progress)
+    info["init"] = init.info.get("method", "weight")
+    return Alignment(spec, hard[0], info)
+
+
+def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: float = 1.0,
+                  lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
+                  seed: int = 0, progress: bool = False):
+    """Learned refinement after `merge_many`: latents for models[1:] (models[0] is the
+    reference), trained on Dirichlet(alpha) mixtures. Returns (aligned models, alignments)."""
+    from ..models.adapters import adapter_for
+    from .many import merge_many
+
+    merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
+    spec = alignments[1].spec
+    arch = spec.arch
+    params = []
+    for m in models:
+        a, raw = standard_params(m)
+        check_same_arch(arch, a, "model")
+        params.append(prepare_params(spec, a, raw))
+    train, val = split_batches(data, val_fraction)
+    device = next(models[0].parameters()).device
+    hard, info = learn_alignments(spec, [alignments[0].apply_params(params[0])] + params[1:],
+                                  [al.elements for al in alignments[1:]], train, val, steps=steps, lr=lr,
+                                  alpha=alpha, lambdas_per_step=lambdas_per_step, eval_every=eval_every,
+                                  patience=patience, seed=seed, device=device, progress=progress)
+    learned = [alignments[0]] + [Alignment(spec, h, info) for h in hard]
+    out = [merged[0]] + [adapter_for(m).build(m, al.apply_params(p)) for m, al, p in zip(models[1:], learned[1:], params[1:])]
+    return out, learned

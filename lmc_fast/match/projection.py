@@ -1,0 +1,122 @@
+"""Latent matrices -> group elements, with straight-through gradients (learned matching).
+
+- permutations: forward = the assignment of the latent (a hard permutation matrix);
+  backward = identity to the latent (Git Re-Basin's straight-through estimator);
+- orthogonal maps: forward = the exact polar factor U V^T (SVD); backward = the gradient of
+  a differentiable polar map, batched Newton-Schulz iterations, rather than the identity;
+- invertible per-head maps: the latent itself.
+Group elements are applied as dense matrices here so that gradients reach the latents.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import kernels
+from ..symmetry.elements import householder_basis
+from ..symmetry.spec import Group, Spec
+
+NS_STEPS = 10
+
+
+def newton_schulz_polar(M: torch.Tensor, sigma_max: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+    """Differentiable polar factor of a batch (..., n, n): X <- 1.5 X - 0.5 X X^T X after
+    scaling by the largest singular value (held constant: the polar factor ignores scale)."""
+    X = M / (sigma_max.detach() * 1.001).clamp_min(1e-30)[..., None, None]
+    for _ in range(steps):
+        X = 1.5 * X - 0.5 * X @ (X.transpose(-1, -2) @ X)
+    return X
+
+
+def polar_ste(M: torch.Tensor) -> torch.Tensor:
+    """Exact polar factor (SVD) forward, Newton-Schulz gradient backward. (B, n, n) batches."""
+    exact, S = kernels.polar_and_singular_values(M.detach())
+    soft = newton_schulz_polar(M, S[..., 0])
+    return exact.to(M.dtype) + (soft - soft.detach())
+
+
+def permutation_ste(latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, n, n) latents -> hard permutation matrices with identity gradient, and the perms."""
+    perm = kernels.linear_assignment(latent.detach(), maximize=True)
+    hard = torch.zeros_like(latent).scatter_(-1, perm.unsqueeze(-1), 1.0)
+    return hard + (latent - latent.detach()), perm
+
+
+def one_hot(perm: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return torch.zeros(*perm.shape, perm.shape[-1], dtype=dtype).scatter_(-1, perm.unsqueeze(-1), 1.0)
+
+
+class Latents(torch.nn.Module):
+    """One latent matrix per group, initialised at given elements (e.g. weight matching's).
+    Latents of one kind and shape are stacked across layers so that each projection (one
+    batched assignment, one batched SVD + Newton-Schulz) runs once per step, not per layer."""
+
+    def __init__(self, spec: Spec, elements: dict, dtype=torch.float32):
+        super().__init__()
+        self.spec = spec
+        self.mlp = [n for n, g in spec.groups.items() if g.kind == "permutation"]
+        self.heads = [n for n, g in spec.groups.items() if g.kind == "heads"]
+        self.head_map = spec.groups[self.heads[0]].head_map if self.heads else "orthogonal"
+        res = spec.groups.get("residual")
+        self.centred = bool(res is not None and res.centred)
+        if self.mlp:
+            self.mlp_latent = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.mlp]))
+        if self.heads:
+            self.head_perm = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.heads]))
+            self.head_maps = torch.nn.Parameter(torch.stack(
+                [torch.stack([elements[n]["qk"], elements[n]["vo"]]) for n in self.heads]).to(dtype))
+        if res is not None:
+            M = elements["residual"]["matrix"].to(torch.float64)
+            if self.centred:
+                Q = householder_basis(res.size)
+                M = (Q.T @ M @ Q)[1:, 1:]
+                self.register_buffer("Q", Q.to(dtype))
+            self.residual = torch.nn.Parameter(M.to(dtype))
+
+    def project(self):
+        """Dense differentiable elements {name: {...}} and the hard elements they equal."""
+        dense, hard = {}, {}
+        if self.mlp:
+            P, perm = permutation_ste(self.mlp_latent)
+            for i, n in enumerate(self.mlp):
+                dense[n], hard[n] = {"P": P[i]}, {"perm": perm[i]}
+        if self.heads:
+            P, perm = permutation_ste(self.head_perm)
+            L, _, H, dh, _ = self.head_maps.shape
+            maps = self.head_maps
+            if self.head_map == "orthogonal":
+                maps = polar_ste(maps.reshape(-1, dh, dh)).reshape(maps.shape)
+            for i, n in enumerate(self.heads):
+                dense[n] = {"P": P[i], "qk": maps[i, 0], "vo": maps[i, 1]}
+                hard[n] = {"perm": perm[i], "qk": maps[i, 0].detach().double(), "vo": maps[i, 1].detach().double()}
+        if "residual" in self.spec.groups:
+            R = polar_ste(self.residual.unsqueeze(0))[0]
+            if self.centred:
+                R = self.Q @ torch.block_diag(torch.ones(1, 1, dtype=R.dtype, device=R.device), R) @ self.Q.T
+            dense["residual"], hard["residual"] = {"R": R}, {"matrix": R.detach().double()}
+        return dense, hard
+
+
+def _apply_dense_axis(W: torch.Tensor, group: Group, ax, el: dict) -> torch.Tensor:
+    Wt = W.movedim(ax.axis, 0)
+    shape = Wt.shape
+    flat = Wt.reshape(shape[0], -1)
+    if group.kind == "permutation":
+        out = el["P"] @ flat
+    elif group.kind == "orthogonal":
+        out = el["R"] @ flat
+    else:
+        A = el[ax.circuit]
+        if ax.dual and group.head_map == "invertible":
+            A = torch.linalg.inv(A).transpose(-1, -2)
+        heads = torch.einsum("ij,jar->iar", el["P"], flat.reshape(group.n_heads, group.head_dim, -1))
+        out = (A @ heads).reshape(shape[0], -1)
+    return out.reshape(shape).movedim(0, ax.axis)
+
+
+def apply_dense(spec: Spec, params: dict, dense: dict) -> dict:
+    """g . params with dense (differentiable) elements."""
+    out = dict(params)
+    for name, group in spec.groups.items():
+        for ax in group.axes:
+            out[ax.param] = _apply_dense_axis(out[ax.param], group, ax, dense[name])
+    return out
