@@ -106,3 +106,16 @@ def test_align_learned_api_returns_alignment():
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
     with pytest.raises(ValueError, match="at least 2 batches"):
         lf.align(a, b, "learned", data=data[:1], steps=2)
+
+
+def test_learned_merge_keeps_functions():
+    from lmc_fast.match.learned import learned_merge
+
+    models = [make_model("vit", seed=s, dtype=torch.float32) for s in (81, 82, 83)]
+    data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
+    merged, alignments = learned_merge(models, data, steps=6, eval_every=3)
+    assert len(merged) == 3 and alignments[1].info["method"] == "learned"
+    x = make_inputs("vit", dtype=torch.float32)
+    for m, orig in zip(merged, models):
+        assert rel_err(logits(m, x), logits(orig, x)) < 1e-4

@@ -94,3 +94,24 @@ def test_gpt2_shakespeare_weight_matching_cuts_the_barrier(shakespeare_pair):
     assert weight.barrier < perm.barrier <= naive.barrier
     la = lf.evaluate(a, test)["loss"]
     assert weight.loss[0] == pytest.approx(la, rel=1e-5) and naive.loss[0] == pytest.approx(la, rel=1e-5)
+
+
+def _learned_on_digits(digits_pair, digits_barriers, steps):
+    a, b, train_batches, test = digits_pair
+    weight_al = digits_barriers["weight"][1]
+    al = lf.align(a, b, "learned", data=train_batches, steps=steps, lr=1e-2, lambdas_per_step=2, init=weight_al,
+                  eval_every=25, patience=8, seed=0)
+    return lf.barrier(a, al.apply(b), test, 11), al
+
+
+def test_learned_matching_beats_weight_matching(digits_pair, digits_barriers):
+    res, al = _learned_on_digits(digits_pair, digits_barriers, steps=150)
+    assert res.barrier < 0.5 * digits_barriers["weight"][0].barrier
+    assert al.info["val_barrier"] <= al.info["val_history"][0][1]
+
+
+@pytest.mark.slow
+def test_learned_matching_reaches_near_zero_barrier(digits_pair, digits_barriers):
+    res, _ = _learned_on_digits(digits_pair, digits_barriers, steps=3000)
+    assert res.barrier <= 0.05
+    assert res.barrier < digits_barriers["weight"][0].barrier

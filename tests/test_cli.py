@@ -1,0 +1,205 @@
+"""The `lmc-fast` command end to end on tiny settings: train, align, sweep, merge, plot, demo;
+Hugging Face folders in and out; user errors exit with status 2 and one line on stderr."""
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmc_fast.cli import main
+from lmc_fast.io import load_model, save_model
+
+TINY_VIT = ["--config", "d_model=16", "n_layer=1", "n_head=2", "d_mlp=32"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def check_png(path, min_size=100):
+    """A real PNG: signature, IHDR size, and matplotlib can decode it."""
+    import matplotlib.image as mpimg
+
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= min_size and height >= min_size
+    img = mpimg.imread(path)
+    assert img.shape[:2] == (height, width) and img.std() > 0  # not a blank image
+
+
+def check_error(rc, err, *needles):
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmc-fast: error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three tiny ViTs on 128 digits images, 3 steps each."""
+    root = tmp_path_factory.mktemp("cli")
+    rc = main(["train", "--model", "vit", "--data", "digits", "--seeds", "0", "1", "2", "--out", str(root / "runs"),
+               "--steps", "3", "--limit", "128", "--batch-size", "32", "-q", *TINY_VIT])
+    assert rc == 0
+    return root
+
+
+def test_train_outputs(runs):
+    summary = json.loads((runs / "runs" / "train.json").read_text())
+    assert [r["seed"] for r in summary["runs"]] == [0, 1, 2]
+    assert summary["config"]["d_model"] == 16
+    for s in range(3):
+        folder = runs / "runs" / f"seed{s}"
+        assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+        m = load_model(folder)
+        assert m.config.d_model == 16 and m.lmc_fast_metadata["data"] == "digits"
+        assert m.lmc_fast_metadata["train"]["steps"] == 3
+    w0, w1 = (load_model(runs / "runs" / f"seed{s}").head.weight for s in (0, 1))
+    assert not torch.equal(w0, w1)  # different seeds, different models
+
+
+def test_align_sweep_plot(runs, capsys, tmp_path):
+    r = runs / "runs"
+    rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "weight", "--out", tmp_path / "w.safetensors", "-q")
+    assert rc == 0 and "weight alignment" in out
+    info = json.loads((tmp_path / "w.json").read_text())
+    assert info["method"] == "weight" and info["space"] == "canonical" and info["seconds"] > 0
+    rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "activation", "--max-batches", "2",
+                     "--out", tmp_path / "act.safetensors", "-q")  # data from the checkpoint's metadata
+    assert rc == 0 and (tmp_path / "act.safetensors").is_file()
+
+    rc, out, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "w.safetensors", "--lambdas", "5",
+                     "--out", tmp_path / "w_sweep.json", "--plot", tmp_path / "w_sweep.png", "-q")
+    assert rc == 0 and "loss barrier" in out
+    res = json.loads((tmp_path / "w_sweep.json").read_text())
+    assert res["space"] == "canonical" and res["examples"] == 450
+    curve = res["results"]["weight"]
+    assert curve["lambdas"] == [0.0, 0.25, 0.5, 0.75, 1.0] and len(curve["loss"]) == 5
+    assert curve["barrier"] == pytest.approx(max(curve["signed"]))
+    check_png(tmp_path / "w_sweep.png")
+
+    rc, _, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--lambdas", "0", "0.5", "1", "--max-batches", "1",
+                   "--batch-size", "64", "--out", tmp_path / "raw.json", "-q")
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    assert rc == 0 and raw["space"] == "raw" and raw["examples"] == 64
+    assert raw["results"]["none"]["lambdas"] == [0.0, 0.5, 1.0]
+
+    rc, out, _ = run(capsys, "plot", tmp_path / "raw.json", "--out", tmp_path / "raw.png")
+    assert rc == 0
+    check_png(tmp_path / "raw.png")
+    rc, _, _ = run(capsys, "plot", tmp_path / "w_sweep.json")  # default name: the JSON's with .png
+    assert rc == 0
+    check_png(tmp_path / "w_sweep.png")
+
+
+def test_merge_three(runs, capsys, tmp_path):
+    r = runs / "runs"
+    out_dir = tmp_path / "merged"
+    rc, out, _ = run(capsys, "merge", r / "seed0", r / "seed1", r / "seed2", "--method", "weight", "--samples", "6",
+                     "--eval-batches", "1", "--out", out_dir, "-q")
+    assert rc == 0 and "merged 3 models" in out
+    res = json.loads((out_dir / "merge.json").read_text())
+    assert res["mode"] == "mean" and res["space"] == "canonical"
+    assert len(res["simplex"]["samples"]) == 6 and res["simplex"]["worst"] is not None
+    assert set(res["merged_eval"]) >= {"loss", "acc"}
+    for i in range(3):
+        load_model(out_dir / f"aligned_{i}")
+        assert (out_dir / f"alignment_{i}.safetensors").is_file()
+    merged = load_model(out_dir / "merged")
+    assert merged.config.d_model == 16
+    check_png(out_dir / "simplex.png")
+    rc, _, _ = run(capsys, "plot", out_dir / "merge.json", "--out", tmp_path / "again.png")
+    assert rc == 0
+    check_png(tmp_path / "again.png")
+
+
+def test_demo_quick(capsys, tmp_path):
+    rc, out, _ = run(capsys, "demo", "--quick", "--lambdas", "5", "--out", tmp_path / "demo", "-q")
+    assert rc == 0
+    res = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert [row["method"] for row in res["table"]] == ["none", "permutation", "weight", "activation", "learned"]
+    assert res["results"]["none"]["space"] == "raw" and res["results"]["weight"]["space"] == "canonical"
+    for row in res["table"]:
+        assert row["align_seconds"] >= 0 and 0 <= row["acc_mid"] <= 1
+        assert row["method"] in out
+    assert "loss barrier" in out and "acc @ 0.5" in out
+    check_png(tmp_path / "demo" / "curves.png")
+    load_model(tmp_path / "demo" / "models" / "seed1")
+    assert (tmp_path / "demo" / "alignments" / "learned.safetensors").is_file()
+
+
+def test_gpt2_text_and_hf_folders(capsys, tmp_path):
+    """Train a tiny reference GPT-2 on a text file; merge three Hugging Face GPT-2 folders and
+    get a save_pretrained folder back."""
+    import transformers
+
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(80)))
+    rc, out, _ = run(capsys, "train", "--model", "gpt2", "--data", f"text:{text}", "--seeds", "0", "--steps", "2",
+                     "--block-size", "16", "--out", tmp_path / "g", "-q", "--config", "n_layer=1", "n_embd=16", "n_head=2")
+    assert rc == 0
+    g = load_model(tmp_path / "g" / "seed0")
+    assert g.lm_head.weight is g.tok_embed.weight and g.config.block_size == 16
+
+    folders = []
+    for s in range(3):
+        torch.manual_seed(s)
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=256, n_positions=16)
+        folders.append(save_model(transformers.GPT2LMHeadModel(cfg), tmp_path / f"hf{s}"))
+    rc, out, err = run(capsys, "merge", *folders, "--method", "weight", "--data", f"text:{text}", "--samples", "4",
+                       "--out", tmp_path / "hfm", "-q")
+    assert rc == 0, err
+    merged = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hfm" / "merged", local_files_only=True)
+    assert merged.config.n_embd == 16
+    check_png(tmp_path / "hfm" / "simplex.png")
+    rc, out, _ = run(capsys, "sweep", folders[0], tmp_path / "hfm" / "aligned_1", "--data", f"text:{text}",
+                     "--space", "canonical", "--lambdas", "3", "--out", tmp_path / "hs.json", "-q")
+    assert rc == 0
+    assert json.loads((tmp_path / "hs.json").read_text())["results"]["none"]["ppl"] is not None
+
+
+def test_user_errors(runs, capsys, tmp_path):
+    r = runs / "runs"
+    # missing file
+    rc, _, err = run(capsys, "align", tmp_path / "nope", r / "seed1", "--out", tmp_path / "x.safetensors")
+    check_error(rc, err, "nope")
+    # corrupt safetensors
+    shutil.copytree(r / "seed1", tmp_path / "bad")
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"garbage" * 10)
+    rc, _, err = run(capsys, "sweep", r / "seed0", tmp_path / "bad", "--out", tmp_path / "x.json")
+    check_error(rc, err, "model.safetensors")
+    # mismatched models: a wider ViT
+    from lmc_fast.models import ViT, ViTConfig
+
+    save_model(ViT(ViTConfig.digits(d_model=24, n_layer=1, n_head=2, d_mlp=32)), tmp_path / "wide")
+    rc, _, err = run(capsys, "align", r / "seed0", tmp_path / "wide", "--out", tmp_path / "x.safetensors")
+    check_error(rc, err, "d_model")
+    rc, _, err = run(capsys, "merge", r / "seed0", r / "seed1", tmp_path / "wide", "--out", tmp_path / "m")
+    check_error(rc, err)
+    assert not (tmp_path / "m").exists()
+    # unsupported Hugging Face model
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    rc, _, err = run(capsys, "sweep", tmp_path / "bert", r / "seed1", "--out", tmp_path / "x.json")
+    check_error(rc, err, "bert")
+    # data that does not fit / is not known
+    rc, _, err = run(capsys, "sweep", r / "seed0", tmp_path / "wide", "--data", "nosuch", "--out", tmp_path / "x.json")
+    check_error(rc, err)
+    rc, _, err = run(capsys, "sweep", r / "seed0", r / "seed1", "--data", "text:/no/such.txt", "--out", tmp_path / "x.json")
+    check_error(rc, err, "such.txt")
+    # a result file that is not JSON, a bad alignment file
+    (tmp_path / "junk.json").write_text("not json")
+    rc, _, err = run(capsys, "plot", tmp_path / "junk.json")
+    check_error(rc, err, "junk.json")
+    (tmp_path / "al.safetensors").write_bytes(b"\x00" * 64)
+    rc, _, err = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "al.safetensors", "--out", tmp_path / "x.json")
+    check_error(rc, err, "al.safetensors")
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "x.safetensors").exists()
