@@ -1,0 +1,190 @@
+"""Faster fused sweep engines (DESIGN section 3), beside `engine.evaluate_mixtures_fused`.
+
+`evaluate_mixtures_fast(arch, params_list, weights, data, ...)` returns exactly what
+`engine.evaluate_mixtures_loop` / `evaluate_mixtures_fused` return (one metrics dict per
+mixture) and runs one of two paths:
+
+- "batched" (every device; the CPU default): mixed parameters built once per call, per
+  tensor, with the loop's own float64 arithmetic (`sum_n w_kn theta_n`, then one cast), but
+  without stacking every model's parameters and without a float64 einsum over all of them
+  (on a 2-core CPU that einsum costs as much as several layers of the forward pass); then
+  the functional forward with batched GEMMs, the embedding computed once per end model.
+- "kernel" (CUDA, two end models): nothing is mixed in memory. Every linear layer calls the
+  Triton `lerp_matmul`, which forms `(1 - lam_k) W_A + lam_k W_B` tiles inside the GEMM;
+  the small vectors (norm scales and shifts) are mixed directly. Default only where the
+  kernel benchmark (bench/bench_lerp_matmul.py, bench/bench_sweep.py on CUDA) shows it
+  faster than mixing then calling cuBLAS: `kernel="auto"` follows `KERNEL_DEFAULT_ON_CUDA`.
+
+Low precision: `dtype=torch.bfloat16` casts the mixed parameters and activations to bf16
+(mixing itself stays float64, metrics are accumulated in float64). This pays off only where
+bf16 GEMMs are fast (CUDA; CPUs with AVX-512 BF16 / AMX): `bf16_fast_here()` says whether
+the CPU has them; without them PyTorch's CPU bf16 GEMM is a slow fallback.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ..models.adapters import Arch
+from ..models.blocks import ACTIVATIONS
+from . import functional as Fn
+from .batches import limited
+from .metrics import MetricSums
+
+__all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "KERNEL_DEFAULT_ON_CUDA"]
+
+#: Whether kernel="auto" uses the Triton lerp_matmul path on CUDA. Off until a CUDA run of
+#: bench/bench_sweep.py shows the kernel path faster than mixing + cuBLAS (no GPU run yet).
+#: LMC_FAST_LERP_KERNEL=1 / =0 overrides it.
+KERNEL_DEFAULT_ON_CUDA = False
+
+
+def bf16_fast_here(device="cpu") -> bool:
+    """True where bf16 GEMMs are native: CUDA, or a CPU that oneDNN reports bf16-capable."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001 - private op; absent means "don't know", say no
+        return False
+
+
+def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
+    """{name: (K, ...)} mixtures sum_n weights[k, n] * params_list[n][name], in float64 per
+    tensor (the loop's arithmetic: its `mix` sums w_n * theta_n in float64 too), one cast."""
+    W = torch.as_tensor(weights, dtype=torch.float64)
+    out = {}
+    for name in params_list[0]:
+        acc = None
+        for n, p in enumerate(params_list):
+            t = p[name].to(torch.float64)
+            w = W[:, n].reshape(-1, *([1] * t.dim()))
+            acc = w * t if acc is None else acc + w * t
+        out[name] = acc.to(device=device, dtype=dtype)
+    return out
+
+
+# ---------------------------------------------------------------- kernel path (lerp_matmul)
+
+
+def _lerp_vec(a: torch.Tensor | None, b: torch.Tensor | None, lam: torch.Tensor):
+    if a is None:
+        return None
+    l = lam.to(a.dtype).reshape(-1, *([1] * a.dim()))
+    return (1 - l) * a + l * b
+
+
+def _lin(x, pa, pb, lam, name, has_bias=True):
+    from ..kernels.lerp_matmul import lerp_matmul
+
+    w = name + ".weight"
+    b = name + ".bias"
+    if has_bias and b in pa:
+        return lerp_matmul(x, pa[w], pb[w], lam, pa[b], pb[b])
+    return lerp_matmul(x, pa[w], pb[w], lam)
+
+
+def _norm(arch: Arch, x, pa, pb, lam, name):
+    bias = name + ".bias"
+    return Fn.norm(arch, x, _lerp_vec(pa[name + ".weight"], pb[name + ".weight"], lam),
+                   _lerp_vec(pa.get(bias), pb.get(bias), lam))
+
+
+def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Logits of the K models (1 - lam_k) theta_A + lam_k theta_B without materialising them:
+    mirrors `functional.forward`, with every linear layer a `lerp_matmul` call."""
+    K = lam.shape[0]
+    ends = Fn.stack([pa, pb])
+    e = Fn.embed(arch, ends, inputs)  # (2, B, T, d): the embedding is linear in the parameters
+    l = lam.to(e.dtype).reshape(K, *([1] * (e.dim() - 1)))
+    h = (1 - l) * e[0] + l * e[1]
+    H = arch.n_head
+    for i in range(arch.n_layer):
+        p = f"blocks.{i}."
+        x = _norm(arch, h, pa, pb, lam, p + "ln1")
+        _, B, T, d = x.shape
+        q, k, v = (_lin(x, pa, pb, lam, p + "attn." + n) for n in "qkv")
+        heads = lambda t: t.reshape(K * B, T, H, d // H).transpose(1, 2)  # noqa: E731
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=arch.family == "gpt2")
+        h = h + _lin(y.transpose(1, 2).reshape(K, B, T, d), pa, pb, lam, p + "attn.o")
+        x = _norm(arch, h, pa, pb, lam, p + "ln2")
+        z = ACTIVATIONS[arch.activation](_lin(x, pa, pb, lam, p + "mlp.fc1"))
+        h = h + _lin(z, pa, pb, lam, p + "mlp.fc2")
+    if arch.family == "vit":
+        h = h[:, :, 0]
+    h = _norm(arch, h, pa, pb, lam, "ln_f")
+    return _lin(h, pa, pb, lam, arch.head_name)
+
+
+def _use_kernel(kernel, device, n_models: int) -> bool:
+    device = torch.device(device)
+    if kernel in (False, "off", None):
+        return False
+    from ..kernels.lerp_matmul import triton_available
+
+    possible = n_models == 2 and triton_available(device)
+    if kernel in (True, "on"):
+        if not possible:
+            raise ValueError("kernel=True needs two end models and a Triton device (CUDA, or TRITON_INTERPRET=1)")
+        return True
+    if kernel != "auto":
+        raise ValueError(f"kernel must be 'auto', True or False, got {kernel!r}")
+    env = os.environ.get("LMC_FAST_LERP_KERNEL")
+    default = KERNEL_DEFAULT_ON_CUDA if env is None else env not in ("", "0")
+    return possible and device.type == "cuda" and default
+
+
+# ---------------------------------------------------------------- the engine
+
+
+@torch.no_grad()
+def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batches=None, progress=None,
+                           dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto") -> list[dict]:
+    """One metrics dict per row of `weights` (K, N): the same contract as the engines in
+    `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory)."""
+    W = torch.as_tensor(weights, dtype=torch.float64)
+    if W.dim() != 2 or W.shape[1] != len(params_list):
+        raise ValueError(f"weights must be (K, {len(params_list)}), got shape {tuple(W.shape)}")
+    K, N = W.shape
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    use_kernel = _use_kernel(kernel, device, N)
+    blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]
+    cast = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
+    if use_kernel:
+        if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)):
+            raise ValueError("the kernel path needs weights (1 - lam, lam) that sum to one")
+        lam_blocks = [W[idx, 1].to(device=device, dtype=torch.float32) for idx in blocks]
+        mixed = None
+    else:
+        mixed = [mix_params(params_list, W[idx], dtype, device) for idx in blocks]
+        ends = Fn.stack(cast)
+        Wd = W.to(device=device, dtype=dtype)
+    sums = [None] * K
+    for x, y in limited(data, max_batches):
+        x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
+        y = y.to(device)
+        if not use_kernel:
+            e = Fn.embed(arch, ends, x)  # (N, B, T, d), once per end model
+        for bi, idx in enumerate(blocks):
+            if use_kernel:
+                logits = lerp_forward(arch, cast[0], cast[1], lam_blocks[bi], x)
+            else:
+                wk = Wd[idx]
+                h = wk[:, 0].reshape(-1, *([1] * (e.dim() - 1))) * e[0]
+                for n in range(1, N):
+                    h = h + wk[:, n].reshape(-1, *([1] * (e.dim() - 1))) * e[n]
+                p = mixed[bi]
+                logits = Fn.head(arch, p, Fn.blocks(arch, p, h))
+            for j, i in enumerate(idx):
+                if sums[i] is None:
+                    sums[i] = MetricSums(is_lm=logits.dim() == 4)
+                sums[i].add(logits[j], y)
+        if progress is not None:
+            progress.update(1)
+    if sums[0] is None:
+        raise ValueError("no data: the evaluation iterable yielded no batches")
+    return [s.result() for s in sums]
