@@ -14,6 +14,15 @@ from lmc_fast.models.adapters import UnsupportedModelError
 from zoo import logits, make_inputs, make_model
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one torch thread is much faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _tied(m):
     if isinstance(m, lf.models.GPT2):
         return m.lm_head.weight is m.tok_embed.weight
