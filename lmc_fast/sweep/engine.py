@@ -17,6 +17,21 @@ from .interpolate import mix
 from .metrics import MetricSums, evaluate
 
 
+def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
+    """{name: (K, ...)} = sum_n weights[k, n] * params_list[n][name], accumulated in float64
+    tensor by tensor (no stacked copy of every model), then cast once."""
+    W = torch.as_tensor(weights, dtype=torch.float64)
+    out = {}
+    for name in params_list[0]:
+        acc = None
+        for n, p in enumerate(params_list):
+            t = p[name].to(torch.float64)
+            term = W[:, n].reshape(-1, *([1] * t.dim())) * t
+            acc = term if acc is None else acc + term
+        out[name] = acc.to(device=device, dtype=dtype)
+    return out
+
+
 def evaluate_mixtures_loop(models, params_list, weights, data, max_batches=None, progress=None) -> list[dict]:
     adapter, template = adapter_for(models[0]), models[0]
     out = []
@@ -35,12 +50,8 @@ def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=Non
     K, N = W.shape
     ends = Fn.stack([{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list])
     blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]
-    # mixing in float64, then one cast: the same parameters the loop loads into its models
-    mixed = []
-    for idx in blocks:
-        wk = W[idx]
-        mixed.append({k: torch.einsum("kn,n...->k...", wk, torch.stack([p[k] for p in params_list]))
-                      .to(device=device, dtype=dtype) for k in params_list[0]})
+    # mixing in float64 per tensor, then one cast: the same parameters the loop loads
+    mixed = [mix_params(params_list, W[idx], dtype, device) for idx in blocks]
     Wd = W.to(device=device, dtype=dtype)
     sums = [None] * K
     for x, y in limited(data, max_batches):

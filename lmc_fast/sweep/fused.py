@@ -31,6 +31,7 @@ from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
 from .batches import limited
+from .engine import mix_params  # noqa: F401  (re-exported: the fast path mixes the same way)
 from .metrics import MetricSums
 
 __all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "KERNEL_DEFAULT_ON_CUDA"]
@@ -50,21 +51,6 @@ def bf16_fast_here(device="cpu") -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except Exception:  # noqa: BLE001 - private op; absent means "don't know", say no
         return False
-
-
-def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
-    """{name: (K, ...)} mixtures sum_n weights[k, n] * params_list[n][name], in float64 per
-    tensor (the loop's arithmetic: its `mix` sums w_n * theta_n in float64 too), one cast."""
-    W = torch.as_tensor(weights, dtype=torch.float64)
-    out = {}
-    for name in params_list[0]:
-        acc = None
-        for n, p in enumerate(params_list):
-            t = p[name].to(torch.float64)
-            w = W[:, n].reshape(-1, *([1] * t.dim()))
-            acc = w * t if acc is None else acc + w * t
-        out[name] = acc.to(device=device, dtype=dtype)
-    return out
 
 
 # ---------------------------------------------------------------- kernel path (lerp_matmul)
