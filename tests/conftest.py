@@ -8,7 +8,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# one thread: the models in tests are tiny, and threads only add overhead (and contention on a
+# shared 2-core machine)
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -56,11 +56,12 @@ def collect_stats(arch, pa: dict, pb: dict, data, max_batches: int | None = None
     stats = CrossStats(arch)
     pa1 = {k: v.unsqueeze(0) for k, v in pa.items()}
     pb1 = {k: v.unsqueeze(0) for k, v in pb.items()}
-    dtype = next(iter(pa.values())).dtype
+    first = next(iter(pa.values()))
+    dtype, device = first.dtype, first.device
     for i, (x, _) in enumerate(data):
         if max_batches is not None and i >= max_batches:
             break
-        x = x.to(dtype) if x.is_floating_point() else x
+        x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         rec_a, rec_b = {}, {}
         Fn.forward(arch, pa1, x, record=lambda n, t: rec_a.__setitem__(n, t))
         Fn.forward(arch, pb1, x, record=lambda n, t: rec_b.__setitem__(n, t))
