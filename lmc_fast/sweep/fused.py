@@ -31,7 +31,7 @@ from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
 from .batches import limited
-from .engine import mix_params  # noqa: F401  (re-exported: the fast path mixes the same way)
+from .engine import evaluate_mixtures_fused, mix_params  # noqa: F401  (mix_params re-exported)
 from .metrics import MetricSums
 
 __all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "KERNEL_DEFAULT_ON_CUDA"]
@@ -137,34 +137,21 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
     K, N = W.shape
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    use_kernel = _use_kernel(kernel, device, N)
+    device = torch.device(device)
+    if not _use_kernel(kernel, device, N):  # the batched-GEMM engine
+        return evaluate_mixtures_fused(arch, params_list, W, data, max_batches=max_batches, progress=progress,
+                                       dtype=dtype, device=device, chunk=chunk)
+    if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
+        raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]
-    cast = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
-    if use_kernel:
-        if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)):
-            raise ValueError("the kernel path needs weights (1 - lam, lam) that sum to one")
-        lam_blocks = [W[idx, 1].to(device=device, dtype=torch.float32) for idx in blocks]
-        mixed = None
-    else:
-        mixed = [mix_params(params_list, W[idx], dtype, device) for idx in blocks]
-        ends = Fn.stack(cast)
-        Wd = W.to(device=device, dtype=dtype)
+    pa, pb = ({k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list)
+    lam_blocks = [W[idx, 1].to(device=device, dtype=torch.float32) for idx in blocks]
     sums = [None] * K
     for x, y in limited(data, max_batches):
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
-        if not use_kernel:
-            e = Fn.embed(arch, ends, x)  # (N, B, T, d), once per end model
-        for bi, idx in enumerate(blocks):
-            if use_kernel:
-                logits = lerp_forward(arch, cast[0], cast[1], lam_blocks[bi], x)
-            else:
-                wk = Wd[idx]
-                h = wk[:, 0].reshape(-1, *([1] * (e.dim() - 1))) * e[0]
-                for n in range(1, N):
-                    h = h + wk[:, n].reshape(-1, *([1] * (e.dim() - 1))) * e[n]
-                p = mixed[bi]
-                logits = Fn.head(arch, p, Fn.blocks(arch, p, h))
+        for idx, lam in zip(blocks, lam_blocks):
+            logits = lerp_forward(arch, pa, pb, lam, x)
             for j, i in enumerate(idx):
                 if sums[i] is None:
                     sums[i] = MetricSums(is_lm=logits.dim() == 4)
