@@ -119,3 +119,19 @@ def test_learned_merge_keeps_functions():
     x = make_inputs("vit", dtype=torch.float32)
     for m, orig in zip(merged, models):
         assert rel_err(logits(m, x), logits(orig, x)) < 1e-4
+
+
+def test_learn_residual_only_keeps_other_groups_at_their_init():
+    a, b = make_model("vit", seed=91, dtype=torch.float32), make_model("vit", seed=92, dtype=torch.float32)
+    data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
+    init = lf.align(a, b, "weight")
+    al = lf.align(a, b, "learned", data=data, steps=8, eval_every=2, lr=0.05, init=init, learn="residual")
+    for name, group in al.spec.groups.items():
+        if name == "residual":
+            continue
+        assert torch.equal(al[name]["perm"], init[name]["perm"]), name
+        if group.kind == "heads":
+            assert torch.allclose(al[name]["qk"], init[name]["qk"], atol=1e-5), name
+    with pytest.raises(ValueError, match="learn must be one of"):
+        lf.align(a, b, "learned", data=data, steps=1, init=init, learn="nothing")

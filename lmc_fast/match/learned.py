@@ -66,9 +66,21 @@ def _val_barrier(arch, params_list, mixes, val, own_losses, dtype, device) -> fl
     return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
 
 
+LEARN_MODES = ("all", "continuous", "residual")
+
+
+def _trainable(lat: Latents, learn: str):
+    """The latents to optimise: every group, only the continuous maps (residual rotation and
+    per-head maps; permutations stay at their initial solution), or only the residual."""
+    if learn not in LEARN_MODES:
+        raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
+    keep = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",)}[learn]
+    return [p for name, p in lat.named_parameters() if keep is None or name in keep]
+
+
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
                      alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
-                     device="cpu", progress=False):
+                     device="cpu", learn="all", progress=False):
     """Core loop: params_list[0] is the fixed reference; latents for every other model."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
@@ -76,7 +88,7 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     arch, N = spec.arch, len(params_list)
     fixed = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
     latents = [Latents(spec, el, dtype).to(device) for el in init_elements]
-    params = [p for lat in latents for p in lat.parameters()]
+    params = [p for lat in latents for p in _trainable(lat, learn)]
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     mixes = [[1.0 - l, l] for l in (0.25, 0.5, 0.75)] if N == 2 else [[1.0 / N] * N]
@@ -133,14 +145,14 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     seconds = time.perf_counter() - t0
     info = {"method": "learned", "steps": step, "best_step": best[1], "val_barrier": best[0],
             "val_history": history, "seconds": seconds, "steps_per_second": step / seconds,
-            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr}
+            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn}
     return best[2], info
 
 
 def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
                      lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
-                     head_map: str = "orthogonal", init: Alignment | None = None, seed: int = 0, device=None,
-                     progress: bool = False) -> Alignment:
+                     head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all", seed: int = 0,
+                     device=None, progress: bool = False) -> Alignment:
     """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A."""
     from .align import align
 
@@ -155,7 +167,7 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
     device = device or next(model_a.parameters()).device
     hard, info = learn_alignments(spec, [pa, pb], [init.elements], train, val, steps=steps, lr=lr, lam=lam,
                                   lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience,
-                                  seed=seed, device=device, progress=progress)
+                                  seed=seed, device=device, learn=learn, progress=progress)
     info["init"] = init.info.get("method", "weight")
     return Alignment(spec, hard[0], info)
 
