@@ -48,6 +48,8 @@ step bench-sweep 150 $PY bench/bench_sweep.py --device cuda --images 512 --seqs 
 step bench-polar 45 $PY bench/bench_polar.py --device cuda --quick
 [ -f bench/results/polar_gpu.json ] && cp bench/results/polar_gpu.json "$OUT/"
 step bench-weight-matching 120 $PY bench/bench_weight_matching.py --device cuda --max-iter 3 --out "$OUT"
+step bench-learned 60 $PY bench/bench_learned.py --device cuda --steps 20 --batch 128 --lambdas 4
+[ -f bench/results/learned_gpu.json ] && cp bench/results/learned_gpu.json "$OUT/"
 
 echo
 echo "== steps ($(( $(date +%s) - START ))s in all)"
