@@ -60,13 +60,21 @@ def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=Non
         e = Fn.embed(arch, ends, x)  # (N, B, T, d)
         for idx, p in zip(blocks, mixed):
             h = torch.einsum("kn,n...->k...", Wd[idx], e)
-            logits = Fn.head(arch, p, Fn.blocks(arch, p, h))
-            for j, i in enumerate(idx):
-                if sums[i] is None:
-                    sums[i] = MetricSums(is_lm=logits.dim() == 4)
-                sums[i].add(logits[j], y)
+            accumulate(sums, idx, Fn.head(arch, p, Fn.blocks(arch, p, h)), y)
         if progress is not None:
             progress.update(1)
+    return results(sums)
+
+
+def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor):
+    """Add a (len(idx), B, ...) block of logits to the running metrics of mixtures idx."""
+    for j, i in enumerate(idx):
+        if sums[i] is None:
+            sums[i] = MetricSums(is_lm=logits.dim() == 4)
+        sums[i].add(logits[j], targets)
+
+
+def results(sums: list) -> list[dict]:
     if sums[0] is None:
         raise ValueError("no data: the evaluation iterable yielded no batches")
     return [s.result() for s in sums]

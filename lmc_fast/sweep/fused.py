@@ -31,8 +31,7 @@ from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
 from .batches import limited
-from .engine import evaluate_mixtures_fused, mix_params  # noqa: F401  (mix_params re-exported)
-from .metrics import MetricSums
+from .engine import accumulate, evaluate_mixtures_fused, mix_params, results  # noqa: F401  (mix_params re-exported)
 
 __all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "KERNEL_DEFAULT_ON_CUDA"]
 
@@ -151,13 +150,7 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         for idx, lam in zip(blocks, lam_blocks):
-            logits = lerp_forward(arch, pa, pb, lam, x)
-            for j, i in enumerate(idx):
-                if sums[i] is None:
-                    sums[i] = MetricSums(is_lm=logits.dim() == 4)
-                sums[i].add(logits[j], y)
+            accumulate(sums, idx, lerp_forward(arch, pa, pb, lam, x), y)
         if progress is not None:
             progress.update(1)
-    if sums[0] is None:
-        raise ValueError("no data: the evaluation iterable yielded no batches")
-    return [s.result() for s in sums]
+    return results(sums)
