@@ -11,14 +11,6 @@ import torch
 from lmc_fast.cli import main
 from lmc_fast.io import load_model, save_model
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one torch thread is much faster than two on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 TINY_VIT = ["--config", "d_model=16", "n_layer=1", "n_head=2", "d_mlp=32"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -3,7 +3,6 @@ the function; damaged checkpoints fail with a ValueError naming the file or para
 are atomic."""
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,15 +11,6 @@ import lmc_fast as lf
 from lmc_fast.io import CheckpointError, CheckpointNotFoundError, load_model, read_header, save_model
 from lmc_fast.models.adapters import UnsupportedModelError
 from zoo import logits, make_inputs, make_model
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one torch thread is much faster than two on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _tied(m):

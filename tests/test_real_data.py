@@ -5,7 +5,6 @@ naive one and beat permutation-only matching; the end points of every curve are 
 own losses. The pair is trained once per test session (about a minute and a half on 2 cores).
 """
 import pytest
-import torch
 
 import lmc_fast as lf
 from lmc_fast.recipes import recipe

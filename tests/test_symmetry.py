@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-import lmc_fast as lf
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, canonical_spec, permutation_spec, random_element
 from zoo import KINDS, logits, make_inputs, make_model, rel_err

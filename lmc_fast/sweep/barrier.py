@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-import torch
 
 from .batches import reiterable
 from .engine import evaluate_mixtures_fused, evaluate_mixtures_loop
