@@ -25,7 +25,7 @@ def params_pair(model_a, model_b, space: str):
 
 
 def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0, max_iter: int = 100,
-          tol: float = 1e-6, order: str = "structured", max_batches: int | None = None,
+          tol: float = 1e-4, order: str = "structured", max_batches: int | None = None,
           progress: bool = False, **learned_kw) -> Alignment:
     """The alignment g with g . model_b as close to model_a as the method can make it.
 

@@ -97,7 +97,7 @@ def _max_change(spec: Spec, old: dict, new: dict) -> float:
     return out
 
 
-def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol: float = 1e-6,
+def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol: float = 1e-4,
                     order: str = "structured", seed: int = 0, init: str = "anchor", polish_iter: int = 10,
                     polish_tol: float = 1e-9, progress=None):
     """Elements mapping B onto A, and info (objective per sweep, iterations, seconds).
