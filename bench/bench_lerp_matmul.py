@@ -8,7 +8,6 @@ Usage: python bench/bench_lerp_matmul.py --device cuda [--quick] [--out DIR]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -79,12 +78,7 @@ def main(argv=None):
                     baseline="materialise K weights, then torch.baddbmm", baseline_s=t_base, ours_s=t_ours,
                     extra={"max_rel_err_vs_fp32_ref": err, "baseline_max_rel_err": err_base}))
                 print_table(recs[-1:])
-    if args.out:
-        path = Path(args.out) / "lerp_matmul_gpu.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(recs, indent=2) + "\n")
-    else:
-        path = write_results("lerp_matmul", recs, dev)
+    path = write_results("lerp_matmul", recs, dev, out=args.out)
     print(f"wrote {path}")
     print_table(recs)
     return 0

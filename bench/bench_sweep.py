@@ -24,7 +24,6 @@ Usage: python bench/bench_sweep.py [--device cuda] [--images 256] [--seqs 32] [-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -222,12 +221,7 @@ def main(argv=None):
         recs += out
     for r in recs:
         r["peak_matmul_n"] = peak_n
-    if args.out:
-        path = Path(args.out) / f"sweep_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(recs, indent=2) + "\n")
-    else:
-        path = write_results("sweep", recs, device)
+    path = write_results("sweep", recs, device, out=args.out)
     print(f"wrote {path}")
     print_table(recs)
     return 0

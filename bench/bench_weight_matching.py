@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -125,12 +124,7 @@ def main(argv=None):
                "same_permutations": same, "breakdown_s": o[2], "baseline_breakdown_s": bse[2],
                "calls": o[3], "canonicalise_s": canon_s, "times_s": [r[0] for r in runs[True]],
                "baseline_times_s": [r[0] for r in runs[False]]})
-    if args.out:
-        path = Path(args.out) / f"weight_matching_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([rec], indent=2) + "\n")
-    else:
-        path = write_results("weight_matching", [rec], device)
+    path = write_results("weight_matching", [rec], device, out=args.out)
     print(f"wrote {path}")
     print_table([rec])
     return 0

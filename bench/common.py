@@ -90,10 +90,12 @@ def record(name: str, *, device, dtype, sizes, baseline: str, baseline_s: float,
     return rec
 
 
-def write_results(stem: str, records: list[dict], device="cpu") -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_results(stem: str, records: list[dict], device="cpu", out=None) -> Path:
+    """Write `<stem>_<cpu|gpu>.json` under `out` (default bench/results/)."""
+    folder = Path(out) if out else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
     tag = "gpu" if torch.device(device).type == "cuda" else "cpu"
-    path = RESULTS / f"{stem}_{tag}.json"
+    path = folder / f"{stem}_{tag}.json"
     path.write_text(json.dumps(records, indent=2) + "\n")
     return path
 
