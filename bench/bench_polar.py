@@ -45,31 +45,40 @@ def main(argv=None):
         for dtype in dtypes:
             g = torch.Generator().manual_seed(n * 13 + B)
             M = torch.randn(B, n, n, generator=g, dtype=dtype).to(dev)
-            # Ours, forced through the compiled path where one exists for this device.
-            if dev.type == "cpu":
-                if args.threads > 0:
-                    arr = M.numpy()
-                    ours = lambda: (None, None, None, torch.from_numpy(ext.polar(arr, num_threads=args.threads)))  # noqa: E731
-                else:
-                    ours = lambda: polar_mod._cpu_call(M, False, False, True)  # noqa: E731
-                path = "cpu-jacobi" + (f"-{args.threads}thread" if args.threads > 0 else "")
-            elif n <= polar_mod.CUDA_MAX_N and K.has_cuda_kernels():
-                ours = lambda: polar_mod._cuda_call(M, False, False, True)  # noqa: E731
-                path = "cuda-jacobi"
-            else:
-                continue
             if K.build_info().get("available") is False:
                 print("lmc_fast._C is not built; nothing to benchmark", file=sys.stderr)
                 return 1
             rep = 3 if n >= 128 else 5
-            t_ours, _ = median_time(ours, repeat=rep, device=dev)
-            t_base, _ = median_time(lambda: torch_polar(M), repeat=rep, device=dev)
-            err = (ours()[3].double() - torch_polar(M.double())).abs().max().item()
-            recs.append(record(
-                f"polar_{path}", device=dev, dtype=dtype, sizes={"B": B, "n": n},
-                baseline="torch.linalg.svd batched, then U @ Vh", baseline_s=t_base, ours_s=t_ours,
-                extra={"max_abs_err_vs_fp64": err, "default_route": polar_mod._route(M)}))
-            print_table(recs[-1:])
+            threads = args.threads if args.threads > 0 else 0
+            # Ours, forced through the compiled path where one exists for this device:
+            # the polar factor (CPU: Newton iteration) and the full SVD (Jacobi).
+            if dev.type == "cpu":
+                arr = M.numpy()
+                ours_polar = lambda: ext.polar(arr, num_threads=threads)  # noqa: E731
+                ours_svd = lambda: ext.polar_svd(arr, True, True, False, num_threads=threads)  # noqa: E731
+                suffix = "cpu" + (f"-{args.threads}thread" if args.threads > 0 else "")
+                kinds = (("polar", "newton", ours_polar, lambda: torch_polar(M),
+                          "torch.linalg.svd batched, then U @ Vh"),
+                         ("svd", "jacobi", ours_svd, lambda: torch.linalg.svd(M), "torch.linalg.svd batched"))
+            elif n <= polar_mod.CUDA_MAX_N and K.has_cuda_kernels():
+                suffix = "cuda"
+                kinds = (("polar", "jacobi", lambda: polar_mod._cuda_call(M, False, False, True), lambda: torch_polar(M),
+                          "torch.linalg.svd batched, then U @ Vh"),)
+            else:
+                continue
+            Pref = torch_polar(M.double())
+            P_ours = K.polar(M) if dev.type != "cpu" else torch.from_numpy(ours_polar())
+            err = (P_ours.double() - Pref).abs().max().item()
+            for what, method, ours, base, base_name in kinds:
+                t_ours, _ = median_time(ours, repeat=rep, device=dev)
+                t_base, _ = median_time(base, repeat=rep, device=dev)
+                recs.append(record(
+                    f"{what}_{suffix}-{method}", device=dev, dtype=dtype, sizes={"B": B, "n": n},
+                    baseline=base_name, baseline_s=t_base, ours_s=t_ours,
+                    extra={"method": method, "ours_threads": threads or "default",
+                           "default_route": polar_mod._route(M, polar_only=what == "polar"),
+                           **({"polar_max_abs_err_vs_fp64": err} if what == "polar" else {})}))
+            print_table(recs[-len(kinds):])
     path = write_results("polar" + (f"_{args.threads}thread" if args.threads > 0 else ""), recs, dev)
     print(f"wrote {path}")
     print_table(recs)

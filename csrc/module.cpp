@@ -56,7 +56,9 @@ void check_square_batch(const py::array& a, const char* fn) {
 
 template <typename T>
 py::tuple svd_impl(py::array arr, bool want_uv, bool want_s, bool want_p, double tol,
-                   int max_sweeps, int num_threads) {
+                   int max_sweeps, int num_threads, bool newton) {
+  // The Newton iteration serves the polar-only request; U, S, Vh need the Jacobi SVD.
+  newton = newton && want_p && !want_uv && !want_s;
   auto M = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(arr);
   if (!M) throw py::value_error("svd: could not convert input to a contiguous array");
   const int64_t B = M.shape(0), n = M.shape(1);
@@ -91,6 +93,10 @@ py::tuple svd_impl(py::array arr, bool want_uv, bool want_s, bool want_p, double
 #endif
       for (int64_t b = 0; b < B; ++b) {
         const size_t off = (size_t)b * n * n;
+        if (newton && lmc::polar_newton_one<T>(src + off, n, p + off, work.data(), iwork.data())) {
+          sw[b] = 0;  // no Jacobi sweeps: the Newton iteration converged
+          continue;
+        }
         sw[b] = lmc::svd_jacobi_one<T>(src + off, n, u ? u + off : nullptr,
                                        s ? s + (size_t)b * n : nullptr, vh ? vh + off : nullptr,
                                        p ? p + off : nullptr, tol, max_sweeps, work.data(),
@@ -103,15 +109,19 @@ py::tuple svd_impl(py::array arr, bool want_uv, bool want_s, bool want_p, double
 }
 
 py::tuple svd_dispatch(py::array arr, bool want_uv, bool want_s, bool want_p, double tol,
-                       int max_sweeps, int num_threads, const char* fn) {
+                       int max_sweeps, int num_threads, const char* fn,
+                       const std::string& method = "jacobi") {
+  if (method != "jacobi" && method != "newton")
+    throw py::value_error(std::string(fn) + ": method must be 'newton' or 'jacobi', got '" + method + "'");
+  const bool newton = method == "newton";
   check_square_batch(arr, fn);
   if (max_sweeps < 1) throw py::value_error(std::string(fn) + ": max_sweeps must be >= 1");
   const auto kind = arr.dtype().kind();
   const auto size = arr.dtype().itemsize();
   if (kind == 'f' && size == 4)
-    return svd_impl<float>(arr, want_uv, want_s, want_p, tol, max_sweeps, num_threads);
+    return svd_impl<float>(arr, want_uv, want_s, want_p, tol, max_sweeps, num_threads, newton);
   if (kind == 'f' && size == 8)
-    return svd_impl<double>(arr, want_uv, want_s, want_p, tol, max_sweeps, num_threads);
+    return svd_impl<double>(arr, want_uv, want_s, want_p, tol, max_sweeps, num_threads, newton);
   throw py::type_error(std::string(fn) + ": dtype must be float32 or float64, got " +
                        std::string(py::str(arr.dtype())));
 }
@@ -258,21 +268,27 @@ PYBIND11_MODULE(_C, m) {
       "Columns of U for exactly-zero singular values are completed to an orthonormal basis.");
   m.def(
       "polar",
-      [](py::array M, double tol, int max_sweeps, int num_threads) {
-        py::tuple r = svd_dispatch(M, false, false, true, tol, max_sweeps, num_threads, "polar");
+      [](py::array M, double tol, int max_sweeps, int num_threads, const std::string& method) {
+        py::tuple r = svd_dispatch(M, false, false, true, tol, max_sweeps, num_threads, "polar", method);
         return py::object(r[3]);
       },
       py::arg("M"), py::arg("tol") = 0.0, py::arg("max_sweeps") = 60, py::arg("num_threads") = 0,
-      "Orthogonal polar factor U Vh of each matrix of a (B, n, n) array.");
+      py::arg("method") = "newton",
+      "Orthogonal polar factor U Vh of each matrix of a (B, n, n) array.\n"
+      "method='newton': scaled Newton iteration in double, falling back to the Jacobi SVD for\n"
+      "numerically singular matrices; method='jacobi': always the Jacobi SVD.");
   m.def(
       "polar_svd",
       [](py::array M, bool want_uv, bool want_s, bool want_p, double tol, int max_sweeps,
-         int num_threads) {
-        return svd_dispatch(M, want_uv, want_s, want_p, tol, max_sweeps, num_threads, "polar_svd");
+         int num_threads, const std::string& method) {
+        return svd_dispatch(M, want_uv, want_s, want_p, tol, max_sweeps, num_threads, "polar_svd", method);
       },
       py::arg("M"), py::arg("want_uv") = true, py::arg("want_s") = true, py::arg("want_p") = true,
       py::arg("tol") = 0.0, py::arg("max_sweeps") = 60, py::arg("num_threads") = 0,
-      "General entry: returns (U, S, Vh, P, sweeps); unrequested outputs are None.");
+      py::arg("method") = "jacobi",
+      "General entry: returns (U, S, Vh, P, sweeps); unrequested outputs are None.\n"
+      "method='newton' applies to the polar-only request (want_p alone); sweeps is 0 where\n"
+      "the Newton iteration converged.");
   m.def("linear_assignment", &linear_assignment, py::arg("C"), py::arg("maximize") = true,
         py::arg("num_threads") = 0, py::arg("init_level") = 1,
         "Exact batched linear assignment (Jonker-Volgenant) of a (B, n, m) array, n <= m.\n"

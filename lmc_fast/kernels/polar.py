@@ -1,8 +1,11 @@
 """Batched small SVD and orthogonal polar factor (Procrustes).
 
 Routing (see bench/bench_polar.py and bench/results/ for the measurements behind it):
-- CPU, n <= CPU_MAX_N_BY_DTYPE[dtype] (32 for float32, 64 for float64): the C++ one-sided
-  Jacobi in double (OpenMP over the batch).
+- CPU, polar factor only (``polar``), n <= CPU_POLAR_MAX_N[dtype]: the C++ scaled Newton
+  iteration in double (an n^3 Gauss-Jordan inverse per iteration, 5-9 iterations), which
+  falls back to the Jacobi SVD for numerically singular matrices (OpenMP over the batch).
+- CPU, singular values or vectors wanted, n <= CPU_MAX_N_BY_DTYPE[dtype]: the C++ one-sided
+  Jacobi SVD in double (OpenMP over the batch).
 - CUDA, float32/float64, n <= 64: the CUDA kernel (one thread block per matrix).
 - everything else (larger n, other dtypes' fallback, tensors that need autograd, or no
   compiled extension): ``torch.linalg.svd`` (the reference).
@@ -20,13 +23,16 @@ import torch
 from ._ext import get_ext, has_cuda_kernels
 from .reference import polar_reference, svd_small_reference
 
-__all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_MAX_N_BY_DTYPE", "CUDA_MAX_N"]
+__all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_MAX_N_BY_DTYPE", "CPU_POLAR_MAX_N",
+           "CUDA_MAX_N"]
 
-#: Largest n for which the C++ Jacobi is the CPU default, per dtype (torch's LAPACK wins
-#: above; measured on a 2-core CPU, bench/results/polar_cpu*.json). Jacobi computes in
+#: Largest n for which the C++ Jacobi SVD is the CPU default, per dtype (torch's LAPACK
+#: wins above; measured on a 2-core CPU, bench/results/polar_*cpu.json). Jacobi computes in
 #: double either way, so float64 inputs gain more against LAPACK's dgesdd.
-CPU_MAX_N_BY_DTYPE = {torch.float32: 32, torch.float64: 64}
-CPU_MAX_N = max(CPU_MAX_N_BY_DTYPE.values())
+CPU_MAX_N_BY_DTYPE = {torch.float32: 32, torch.float64: 48}
+#: Largest n for which the C++ Newton polar iteration is the CPU default for ``polar``.
+CPU_POLAR_MAX_N = {torch.float32: 64, torch.float64: 96}
+CPU_MAX_N = max(max(CPU_MAX_N_BY_DTYPE.values()), max(CPU_POLAR_MAX_N.values()))
 #: Largest n of the CUDA one-block-per-matrix kernel.
 CUDA_MAX_N = 64
 
@@ -48,13 +54,14 @@ def _check(M: torch.Tensor, fn: str) -> tuple[torch.Tensor, bool]:
     return (M.unsqueeze(0) if squeeze else M), squeeze
 
 
-def _route(M: torch.Tensor) -> str:
+def _route(M: torch.Tensor, polar_only: bool = False) -> str:
     """'cpu' (C++), 'cuda' (CUDA kernel) or 'torch' (reference) for a (B, n, n) batch."""
     n = M.shape[-1]
     if M.numel() == 0 or (torch.is_grad_enabled() and M.requires_grad):
         return "torch"
     if M.device.type == "cpu":
-        if n <= CPU_MAX_N_BY_DTYPE.get(M.dtype, CPU_MAX_N_BY_DTYPE[torch.float32]) and get_ext() is not None:
+        table = CPU_POLAR_MAX_N if polar_only else CPU_MAX_N_BY_DTYPE
+        if n <= table.get(M.dtype, table[torch.float32]) and get_ext() is not None:
             return "cpu"
         return "torch"
     if M.device.type == "cuda" and n <= CUDA_MAX_N and has_cuda_kernels():
@@ -67,7 +74,8 @@ def _cpu_call(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
     x = M.detach()
     dtype = x.dtype if x.dtype in _COMPUTE else torch.float32
     arr = x.to(dtype).contiguous().numpy()
-    U, S, Vh, P, _ = ext.polar_svd(arr, want_uv, want_s, want_p)
+    # The Newton iteration serves the polar-only request; the extension ignores it otherwise.
+    U, S, Vh, P, _ = ext.polar_svd(arr, want_uv, want_s, want_p, method="newton")
     conv = lambda a: None if a is None else torch.from_numpy(a).to(M.dtype)  # noqa: E731
     return conv(U), conv(S), conv(Vh), conv(P)
 
@@ -92,7 +100,7 @@ def _cuda_call(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
 
 
 def _dispatch(M: torch.Tensor, want_uv: bool, want_s: bool, want_p: bool):
-    route = _route(M)
+    route = _route(M, polar_only=want_p and not (want_uv or want_s))
     if route == "cpu":
         return _cpu_call(M, want_uv, want_s, want_p)
     if route == "cuda":
@@ -118,7 +126,7 @@ def polar(M: torch.Tensor) -> torch.Tensor:
     """(B, n, n) or (n, n) -> orthogonal polar factor U Vh of each matrix (the orthogonal
     R maximising tr(R^T M)), on M's device and in M's dtype."""
     Mb, squeeze = _check(M, "polar")
-    if _route(Mb) == "torch" and Mb.dtype in _COMPUTE:
+    if _route(Mb, polar_only=True) == "torch" and Mb.dtype in _COMPUTE:
         P = polar_reference(Mb)
     else:
         P = _dispatch(Mb, False, False, True)[3]

@@ -106,6 +106,41 @@ def test_rank_deficient(rank, dtype):
 
 
 @needs_ext
+@pytest.mark.parametrize("n", [3, 16, 33, 64, 96])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_newton_polar_matches_jacobi_and_reference(n, dtype):
+    """The Newton iteration (polar-only path) on general Gaussian matrices (condition numbers
+    into the thousands): converges without Jacobi sweeps and agrees with both references."""
+    M = torch.randn(6, n, n, generator=torch.Generator().manual_seed(n), dtype=dtype)
+    _, _, _, P, sweeps = get_ext().polar_svd(M.numpy(), False, False, True, method="newton")
+    P = torch.from_numpy(P)
+    assert (sweeps == 0).all()
+    cond = torch.linalg.cond(M.double())
+    tol = 1e-5 if dtype == torch.float32 else 1e-15 * cond.max().item() * n
+    assert (P.double() - _ref64(M)[3]).abs().max().item() < tol
+    P_jac = torch.from_numpy(get_ext().polar(M.numpy(), method="jacobi"))
+    assert (P.double() - P_jac.double()).abs().max().item() < tol
+    assert _orth_err(P) < (1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_newton_polar_falls_back_to_jacobi_when_singular(dtype):
+    """Rank-deficient matrices leave the Newton iteration (singular pivot) for the Jacobi
+    path, which defines the completion; well-conditioned ones in the same batch do not."""
+    g = torch.Generator().manual_seed(5)
+    n = 24
+    low = (torch.randn(2, n, 3, generator=g, dtype=torch.float64) @ torch.randn(2, 3, n, generator=g, dtype=torch.float64))
+    M = torch.cat([low, _well_conditioned(2, n, torch.float64, seed=6)]).to(dtype)
+    _, _, _, P, sweeps = get_ext().polar_svd(M.numpy(), False, False, True, method="newton")
+    assert (sweeps[:2] > 0).all() and (sweeps[2:] == 0).all()
+    np.testing.assert_array_equal(P[:2], get_ext().polar(M[:2].numpy(), method="jacobi"))
+    assert _orth_err(torch.from_numpy(P)) < (1e-5 if dtype == torch.float32 else 1e-12)
+    with pytest.raises(ValueError, match="method"):
+        get_ext().polar(M.numpy(), method="qr")
+
+
+@needs_ext
 def test_zero_matrix_and_repeated_columns():
     M = torch.zeros(2, 8, 8)
     U, S, Vh = K.svd_small(M)
@@ -139,9 +174,11 @@ def test_polar_other_dtypes_and_grad_route_to_torch():
 
 def test_polar_routes_large_n_to_torch():
     M = torch.randn(2, polar_mod.CPU_MAX_N + 8, polar_mod.CPU_MAX_N + 8)
-    assert polar_mod._route(M) == "torch"
+    assert polar_mod._route(M) == "torch" and polar_mod._route(M, polar_only=True) == "torch"
     if get_ext() is not None:
         assert polar_mod._route(torch.randn(2, 16, 16)) == "cpu"
+        n = polar_mod.CPU_POLAR_MAX_N[torch.float32]
+        assert polar_mod._route(torch.randn(2, n, n), polar_only=True) == "cpu"
     assert _orth_err(K.polar(M)) < 1e-5
 
 
