@@ -57,7 +57,7 @@ def _optimizer(model, lr: float, weight_decay: float):
 def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] = None, lr: float = 1e-3,
           weight_decay: float = 0.05, warmup: float = 0.1, label_smoothing: float = 0.0, seed: int = 0,
           device=None, grad_clip: Optional[float] = 1.0, progress: bool = True, eval_data=None,
-          batch_size: Optional[int] = None) -> dict:
+          batch_size: Optional[int] = None, augment=None) -> dict:
     """Train `model` in place on `data`; returns a JSON-ready history.
 
     data: a dataset (ImageDataset / TokenDataset: batched here with `batch_size`, default 128,
@@ -65,7 +65,8 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     re-seeded per epoch with `set_epoch`, so runs are reproducible). Give `epochs` or
     `steps` (neither: 1 epoch). `warmup` is a fraction of the total steps (>= 1: a step count). `seed` seeds
     torch/NumPy/Python and the shuffling. `eval_data` (dataset or batches) is evaluated at
-    the end. Returns {"train_loss" (mean of the last epoch, or the last <=100 steps),
+    the end. `augment(x, generator) -> x` (e.g. `lmc_fast.data.augment.RandomShift`) transforms
+    each training batch, drawing from a generator seeded with `seed`. Returns {"train_loss" (mean of the last epoch, or the last <=100 steps),
     "steps", "epochs", "seconds", "lr", "loss_curve" (mean loss per epoch / 100 steps),
     "eval" (metrics) when eval_data is given}.
     """
@@ -97,6 +98,7 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     model.to(device)
     dtype = p0.dtype
     opt = _optimizer(model, lr, weight_decay)
+    aug_gen = torch.Generator().manual_seed(seed)
 
     bar = None
     if progress:
@@ -120,6 +122,8 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
                     break
                 x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
                 y = y.to(device)
+                if augment is not None:
+                    x = augment(x, aug_gen)
                 cur_lr = lr_at(step, total, lr, warmup_steps)
                 for g in opt.param_groups:
                     g["lr"] = cur_lr

@@ -135,3 +135,41 @@ def test_learn_residual_only_keeps_other_groups_at_their_init():
             assert torch.allclose(al[name]["qk"], init[name]["qk"], atol=1e-5), name
     with pytest.raises(ValueError, match="learn must be one of"):
         lf.align(a, b, "learned", data=data, steps=1, init=init, learn="nothing")
+
+
+def _vit_pair_and_data(seed_a, seed_b):
+    a, b = make_model("vit", seed=seed_a, dtype=torch.float32), make_model("vit", seed=seed_b, dtype=torch.float32)
+    data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
+    return a, b, data
+
+
+def test_endpoint_target_with_mixup_learns_a_function_preserving_alignment():
+    from lmc_fast.data.augment import Mixup
+
+    a, b, data = _vit_pair_and_data(101, 102)
+    al = lf.align(a, b, "learned", data=data, steps=6, eval_every=3, lr=0.05, target="endpoints", temperature=2.0,
+                  augment=Mixup(1.0))
+    assert al.info["target"] == "endpoints" and al.info["temperature"] == 2.0 and "Mixup" in al.info["augment"]
+    x = make_inputs("vit", dtype=torch.float32)
+    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+    with pytest.raises(ValueError, match="target='endpoints'"):
+        lf.align(a, b, "learned", data=data, steps=1, augment=Mixup(1.0))
+    with pytest.raises(ValueError, match="target must be one of"):
+        lf.align(a, b, "learned", data=data, steps=1, target="teacher")
+
+
+def test_endpoint_target_is_the_mixture_of_end_model_distributions():
+    """The distillation target at mixing weights w is sum_n w_n softmax(z_n / T)."""
+    from lmc_fast.match.learned import _mixed_endpoint_probs
+    from lmc_fast.sweep import functional as Fn
+
+    a, b, _ = _vit_pair_and_data(103, 104)
+    arch, pa = standard_params(a)
+    pb = standard_params(b)[1]
+    x = make_inputs("vit", dtype=torch.float32)
+    w = torch.tensor([[0.3, 0.7], [1.0, 0.0]])
+    got = _mixed_endpoint_probs(arch, Fn.stack([pa, pb]), w, x, temperature=3.0)
+    za, zb = logits(a, x).float(), logits(b, x).float()
+    want0 = 0.3 * torch.softmax(za / 3, -1) + 0.7 * torch.softmax(zb / 3, -1)
+    assert torch.allclose(got[0], want0, atol=1e-5) and torch.allclose(got[1], torch.softmax(za / 3, -1), atol=1e-5)

@@ -48,6 +48,19 @@ def test_training_is_deterministic_for_a_seed():
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_training_with_augmentation_is_seeded_and_changes_the_batches():
+    from lmc_fast.data.augment import RandomShift
+
+    tr = D.load_digits("train")
+    out = []
+    for aug in (RandomShift(1), RandomShift(1), None):
+        m = _tiny_vit(0)
+        train(m, tr, steps=6, batch_size=32, seed=0, progress=False, augment=aug)
+        out.append(m.state_dict())
+    assert all(torch.equal(out[0][k], out[1][k]) for k in out[0])
+    assert not all(torch.equal(out[0][k], out[2][k]) for k in out[0])
+
+
 def test_given_loader_is_reseeded_per_epoch():
     tr = D.load_digits("train")
     states = []

@@ -67,6 +67,20 @@ def _val_barrier(arch, params_list, mixes, val, own_losses, dtype, device) -> fl
 
 
 LEARN_MODES = ("all", "continuous", "residual")
+TARGETS = ("labels", "endpoints")
+
+
+def _soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Mean over examples (and tokens) of -sum_c p_c log softmax(z)_c."""
+    return -(probs * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+def _mixed_endpoint_probs(arch, stacked_ends, w, x, temperature: float = 1.0) -> torch.Tensor:
+    """(K, ...) mixtures w @ p_n of the end models' predictive distributions on x (softmax of
+    logits / temperature), no gradient."""
+    with torch.no_grad():
+        probs = torch.softmax(Fn.forward(arch, stacked_ends, x).float() / temperature, -1)  # (N, B, ..., C)
+        return torch.einsum("kn,n...->k...", w.float(), probs)
 
 
 def _trainable(lat: Latents, learn: str):
@@ -80,13 +94,25 @@ def _trainable(lat: Latents, learn: str):
 
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
                      alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
-                     device="cpu", learn="all", progress=False):
-    """Core loop: params_list[0] is the fixed reference; latents for every other model."""
+                     device="cpu", learn="all", target="labels", temperature=1.0, augment=None,
+                     progress=False):
+    """Core loop: params_list[0] is the fixed reference; latents for every other model.
+
+    target="labels": the task loss of each mixture. target="endpoints": cross-entropy against
+    the same mixture of the end models' predictive distributions (a distillation target, which
+    still carries signal where the end models fit the training labels perfectly, and needs
+    no labels on augmented inputs). augment(x, generator) -> x transforms each training batch.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if target == "labels" and not getattr(augment, "label_preserving", True):
+        raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     arch, N = spec.arch, len(params_list)
     fixed = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
+    stacked_ends = Fn.stack(fixed) if target == "endpoints" else None
     latents = [Latents(spec, el, dtype).to(device) for el in init_elements]
     params = [p for lat in latents for p in _trainable(lat, learn)]
     opt = torch.optim.Adam(params, lr=lr)
@@ -118,11 +144,21 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
             x, y = next(batch_iter)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
+        if augment is not None:
+            x = augment(x, gen)
         w = sample_weights(lam, N, lambdas_per_step, gen, alpha).to(device=device, dtype=dtype)
         moved = [fixed[0]] + [apply_dense(spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], latents)]
         theta = {k: _mix(w, [m[k] for m in moved]) for k in moved[0]}
         logits = Fn.forward(arch, theta, x)
-        loss = sum(task_loss(logits[i], y) for i in range(logits.shape[0])) / logits.shape[0]
+        if target == "labels":
+            loss = sum(task_loss(logits[i], y) for i in range(logits.shape[0])) / logits.shape[0]
+        else:
+            # Softened by a temperature (T^2 keeps the gradient scale, as in distillation):
+            # the end models fit the training images almost perfectly, so at T = 1 their
+            # targets are nearly one-hot and carry little more than the labels.
+            T = temperature
+            soft = _mixed_endpoint_probs(arch, stacked_ends, w, x, T)
+            loss = sum(_soft_cross_entropy(logits[i] / T, soft[i]) for i in range(logits.shape[0])) * T * T / logits.shape[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -145,14 +181,17 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     seconds = time.perf_counter() - t0
     info = {"method": "learned", "steps": step, "best_step": best[1], "val_barrier": best[0],
             "val_history": history, "seconds": seconds, "steps_per_second": step / seconds,
-            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn}
+            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn, "target": target,
+            "temperature": temperature,
+            "augment": None if augment is None else repr(augment)}
     return best[2], info
 
 
 def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
                      lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
-                     head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all", seed: int = 0,
-                     device=None, progress: bool = False) -> Alignment:
+                     head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
+                     target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0, device=None,
+                     progress: bool = False) -> Alignment:
     """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A."""
     from .align import align
 
@@ -167,7 +206,9 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
     device = device or next(model_a.parameters()).device
     hard, info = learn_alignments(spec, [pa, pb], [init.elements], train, val, steps=steps, lr=lr, lam=lam,
                                   lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience,
-                                  seed=seed, device=device, learn=learn, progress=progress)
+                                  seed=seed, device=device, learn=learn, target=target,
+                                  temperature=temperature, augment=augment,
+                                  progress=progress)
     info["init"] = init.info.get("method", "weight")
     return Alignment(spec, hard[0], info)
 
