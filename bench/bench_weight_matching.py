@@ -9,7 +9,7 @@ of sweeps unless one converges earlier: reported), and are timed as
 separately). A breakdown of where the time goes (assignment, polar/SVD, correlation GEMMs,
 apply_spec, objective) is measured by wrapping those functions with timers.
 
-Usage: python bench/bench_weight_matching.py [--device cuda] [--max-iter 3] [--quick] [--out DIR]
+Usage: python bench/bench_weight_matching.py [--device cuda] [--max-iter 3] [--polish-iter 10] [--quick] [--out DIR]
 """
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def run(spec, pa, pb, args, device, enabled: bool):
     with use_extension(enabled), timed_calls(device) as (acc, counts):
         sync(device)
         t0 = time.perf_counter()
-        elements, info = weight_mod.weight_matching(spec, pa, pb, max_iter=args.max_iter, tol=args.tol)
+        elements, info = weight_mod.weight_matching(spec, pa, pb, max_iter=args.max_iter, tol=args.tol,
+                                                   polish_iter=args.polish_iter)
         sync(device)
         total = time.perf_counter() - t0
     breakdown = {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
@@ -80,6 +81,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-iter", type=int, default=3)
     ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--polish-iter", type=int, default=10, help="frozen-permutation polish sweeps (at most)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per path (alternating)")
     ap.add_argument("--quick", action="store_true", help="4 layers instead of 12")
     ap.add_argument("--out", default=None, help="directory for the JSON (default bench/results/)")
@@ -115,7 +117,8 @@ def main(argv=None):
     rec = record(
         "weight_matching_gpt2", device=device, dtype=torch.float64,
         sizes={"n_layer": n_layer, "n_embd": 768, "n_head": 12, "d_mlp": 3072, "vocab": 1024, "block": 128,
-               "params_millions": round(n_params / 1e6, 2), "max_iter": args.max_iter, "tol": args.tol},
+               "params_millions": round(n_params / 1e6, 2), "max_iter": args.max_iter, "tol": args.tol,
+               "polish_iter": args.polish_iter},
         baseline="same weight_matching with torch.linalg.svd + scipy linear_sum_assignment (use_extension(False))",
         baseline_s=base, ours_s=ours,
         extra={"iterations": o[1]["iterations"], "polish_iterations": o[1]["polish_iterations"],

@@ -271,6 +271,17 @@ def cmd_train(args, con: Console) -> int:
     return 0
 
 
+AUGMENTATIONS = {"none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1), "noise": ("GaussianNoise", 0.1)}
+
+
+def _augmentation(name: str):
+    """--augment NAME -> an lmc_fast.data.augment object (None for "none")."""
+    from .data import augment
+
+    spec = AUGMENTATIONS[name]
+    return None if spec is None else getattr(augment, spec[0])(spec[1])
+
+
 def cmd_align(args, con: Console) -> int:
     import lmc_fast as lf
 
@@ -289,7 +300,8 @@ def cmd_align(args, con: Console) -> int:
         if args.method == "activation":
             kw["max_batches"] = args.max_batches
         else:
-            kw["steps"] = args.steps
+            kw.update(steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
+                      temperature=args.temperature, augment=_augmentation(args.augment))
     con.log(f"aligning {args.b} onto {args.a} with {args.method} matching")
     t0 = time.perf_counter()
     al = lf.align(a, b, args.method, progress=not args.quiet, seed=args.seed, **kw)
@@ -496,6 +508,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("b")
     a.add_argument("--method", default="weight", choices=["weight", "permutation", "activation", "learned"])
     a.add_argument("--steps", type=int, default=1000, help="learned matching: Adam steps (default 1000)")
+    a.add_argument("--lr", type=float, default=3e-3, help="learned matching: Adam learning rate (default 3e-3)")
+    a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default="narrow",
+                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5 (default narrow)")
+    a.add_argument("--target", choices=["labels", "endpoints"], default="labels",
+                   help="learned matching: fit the labels, or the same mixture of the end models' predictions")
+    a.add_argument("--temperature", type=float, default=1.0, help="learned matching: softens --target endpoints")
+    a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default="none",
+                   help="learned matching: input augmentation (mixup needs --target endpoints; images only)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a .json summary beside it)")
     data_args(a, "training batch size for activation / learned matching (default 64)")
     a.set_defaults(func=cmd_align)

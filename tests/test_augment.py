@@ -42,6 +42,8 @@ def test_mixup_blends_inside_the_convex_hull_and_is_not_label_preserving():
     assert Compose(RandomShift(1), GaussianNoise(0.1)).label_preserving is True
     with pytest.raises(ValueError):
         Mixup(0)
+    with pytest.raises(TypeError, match="token ids"):
+        Mixup(1.0)(torch.randint(0, 10, (4, 8)))
 
 
 def test_gaussian_noise_has_the_requested_scale():

@@ -77,6 +77,13 @@ def test_align_sweep_plot(runs, capsys, tmp_path):
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "activation", "--max-batches", "2",
                      "--out", tmp_path / "act.safetensors", "-q")  # data from the checkpoint's metadata
     assert rc == 0 and (tmp_path / "act.safetensors").is_file()
+    rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "4", "--max-batches", "3",
+                     "--target", "endpoints", "--augment", "mixup", "--lam", "uniform", "--out", tmp_path / "l.safetensors", "-q")
+    learned = json.loads((tmp_path / "l.json").read_text())["info"]
+    assert rc == 0 and learned["target"] == "endpoints" and learned["lam"] == "uniform" and "Mixup" in learned["augment"]
+    rc, _, err = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "2", "--max-batches", "3",
+                     "--augment", "mixup", "--out", tmp_path / "bad.safetensors", "-q")
+    assert rc == 2 and "target='endpoints'" in err and not (tmp_path / "bad.safetensors").exists()
 
     rc, out, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "w.safetensors", "--lambdas", "5",
                      "--out", tmp_path / "w_sweep.json", "--plot", tmp_path / "w_sweep.png", "-q")

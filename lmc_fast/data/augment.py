@@ -68,6 +68,8 @@ class Mixup:
         self.alpha = float(alpha)
 
     def __call__(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise TypeError(f"Mixup blends real-valued inputs (images), got {x.dtype} (token ids cannot be blended)")
         B = x.shape[0]
         a = torch.tensor(self.alpha, dtype=torch.float64)
         g1 = torch._standard_gamma(a.expand(B), generator=gen)

@@ -2,7 +2,7 @@
 
 - permutations: forward = the assignment of the latent (a hard permutation matrix);
   backward = identity to the latent (Git Re-Basin's straight-through estimator);
-- orthogonal maps: forward = the exact polar factor U V^T (SVD); backward = the gradient of
+- orthogonal maps: forward = the exact polar factor U V^T (kernels.polar); backward = the gradient of
   a differentiable polar map, batched Newton-Schulz iterations, rather than the identity;
 - invertible per-head maps: the latent itself.
 Group elements are applied as dense matrices here so that gradients reach the latents.
@@ -28,9 +28,15 @@ def newton_schulz_polar(M: torch.Tensor, sigma_max: torch.Tensor, steps: int = N
 
 
 def polar_ste(M: torch.Tensor) -> torch.Tensor:
-    """Exact polar factor (SVD) forward, Newton-Schulz gradient backward. (B, n, n) batches."""
-    exact, S = kernels.polar_and_singular_values(M.detach())
-    soft = newton_schulz_polar(M, S[..., 0])
+    """Exact polar factor forward, Newton-Schulz gradient backward. (B, n, n) batches."""
+    Md = M.detach()
+    exact = kernels.polar(Md)
+    # Newton-Schulz needs an upper bound on the largest singular value: H = P^T M is
+    # symmetric positive semi-definite with the singular values as eigenvalues, so its
+    # max row sum bounds them, and is tight for the near-orthogonal latents met here.
+    H = exact.transpose(-1, -2).to(Md.dtype) @ Md
+    sigma_bound = H.abs().sum(-1).amax(-1)
+    soft = newton_schulz_polar(M, sigma_bound)
     return exact.to(M.dtype) + (soft - soft.detach())
 
 
