@@ -27,9 +27,11 @@ __all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_
            "CUDA_MAX_N"]
 
 #: Largest n for which the C++ Jacobi SVD is the CPU default, per dtype (torch's LAPACK
-#: wins above; measured on a 2-core CPU, bench/results/polar_*cpu.json). Jacobi computes in
-#: double either way, so float64 inputs gain more against LAPACK's dgesdd.
-CPU_MAX_N_BY_DTYPE = {torch.float32: 32, torch.float64: 48}
+#: wins above). Measured on a quiet 2-core CPU with the default threads, where ours runs
+#: the batch on both cores and torch's batched SVD on one (bench/results/polar_cpu.json:
+#: SVD 1.05x fp32 / 1.17x fp64 at n = 64 or 48; polar 2.0x fp32 / 2.6x fp64 at n = 64,
+#: 1.0x fp64 at 128). Jacobi computes in double either way, so float64 inputs gain more.
+CPU_MAX_N_BY_DTYPE = {torch.float32: 48, torch.float64: 64}
 #: Largest n for which the C++ Newton polar iteration is the CPU default for ``polar``.
 CPU_POLAR_MAX_N = {torch.float32: 64, torch.float64: 96}
 CPU_MAX_N = max(max(CPU_MAX_N_BY_DTYPE.values()), max(CPU_POLAR_MAX_N.values()))
