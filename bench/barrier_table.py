@@ -1,7 +1,7 @@
 """Barrier table for one pair of independently trained models: none / permutation / weight /
 activation / learned, with accuracies, iterations and seconds (the tables in README).
 
-    python bench/barrier_table.py --pair digits|fashion|gpt2 [--learned-steps 300] [--lambdas 11]
+    python bench/barrier_table.py --pair digits|fashion|gpt2 [--learned-steps 300] [--learned task|distill] [--lambdas 11]
 
 Trains the pair from the recipe (seeds 0 and 1), aligns with every method, sweeps the test
 subset and writes bench/results/barriers_<pair>.json. `--train-override epochs=1` (or
@@ -28,11 +28,20 @@ PAIRS = {  # recipe, training overrides, test examples, statistics / learning ex
 }
 
 
+LEARNED = {
+    "task": dict(lr=1e-2, lambdas_per_step=2, eval_every=25, patience=8),
+    "distill": dict(lr=1e-2, lambdas_per_step=2, eval_every=100, lam="uniform", target="endpoints"),
+}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", choices=sorted(PAIRS), default="digits")
     ap.add_argument("--lambdas", type=int, default=11)
     ap.add_argument("--learned-steps", type=int, default=300)
+    ap.add_argument("--learned", choices=sorted(LEARNED), default="task",
+                    help="task: labels, lambda ~ U[0.4, 0.6]; distill: end-model targets, lambda ~ U[0, 1] "
+                         "(with Mixup on images)")
     ap.add_argument("--train-override", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
@@ -61,7 +70,11 @@ def main(argv=None):
         else:
             kw = {"data": stats}
             if method == "learned":
-                kw.update(steps=args.learned_steps, lr=1e-2, lambdas_per_step=2, init=weight, eval_every=25, patience=8)
+                kw.update(steps=args.learned_steps, init=weight, **LEARNED[args.learned])
+                if args.learned == "distill" and args.pair != "gpt2":
+                    from lmc_fast.data.augment import Mixup
+
+                    kw["augment"] = Mixup(1.0)
             al = lf.align(a, b, method, **kw)
             weight = al if method == "weight" else weight
             b2, info, space = al.apply(b), al.info, "raw" if method == "permutation" else "canonical"
@@ -74,10 +87,11 @@ def main(argv=None):
               f"iters {info.get('iterations', info.get('steps', '-'))}  {align_s:.1f}s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"barriers_{args.pair}.json"
+    path = out / f"barriers_{args.pair}{'' if args.learned == 'task' else '_' + args.learned}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pair": args.pair, "recipe": name, "overrides": overrides, "train_seconds": train_s,
-                               "lambdas": args.lambdas, "test_examples": len(test_ds) if n_test is None else n_test,
+                               "lambdas": args.lambdas, "learned_settings": {"name": args.learned, **LEARNED[args.learned]},
+                               "test_examples": len(test_ds) if n_test is None else n_test,
                                "rows": rows, "date": time.strftime("%Y-%m-%d")}, indent=1))
     tmp.replace(path)
     print("->", path)

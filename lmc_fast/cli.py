@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data", default="digits", choices=["digits", "fashion-mnist"])
     d.add_argument("--quick", action="store_true", help="tiny settings (seconds; for tests)")
     d.add_argument("--learned-steps", type=int, default=None,
-                   help="learned-matching steps (default 300 on CPU, 3000 on CUDA; quick 10)")
+                   help="learned-matching steps (default on CPU 2000 for digits, 300 for fashion-mnist; 3000 on CUDA; quick 10)")
     d.add_argument("--epochs", type=float, default=None, help="training epochs (default 40 on digits)")
     d.add_argument("--lambdas", type=int, default=None, help="points on each path (default 25; quick 9)")
     d.set_defaults(func=cmd_demo)

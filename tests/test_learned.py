@@ -114,7 +114,7 @@ def test_learned_merge_keeps_functions():
     models = [make_model("vit", seed=s, dtype=torch.float32) for s in (81, 82, 83)]
     data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
              torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
-    merged, alignments = learned_merge(models, data, steps=6, eval_every=3)
+    merged, alignments = learned_merge(models, data, steps=6, eval_every=3, target="endpoints")
     assert len(merged) == 3 and alignments[1].info["method"] == "learned"
     x = make_inputs("vit", dtype=torch.float32)
     for m, orig in zip(merged, models):

@@ -95,24 +95,23 @@ def test_gpt2_shakespeare_weight_matching_cuts_the_barrier(shakespeare_pair):
     assert weight.loss[0] == pytest.approx(la, rel=1e-5) and naive.loss[0] == pytest.approx(la, rel=1e-5)
 
 
-def _learned_on_digits(digits_pair, digits_barriers, steps):
+def test_learned_matching_reaches_near_zero_barrier(digits_pair, digits_barriers):
+    """Issue 4's acceptance: held-out loss barrier <= 0.05 and below weight matching's.
+
+    The end models fit their 1,347 training images (train loss ~7e-4), so the labels stop
+    carrying signal within ~100 steps and the plain task loss stalls near 0.1-0.15. Fitting
+    each mixture to the same mixture of the end models' predictions on Mixup blends of the
+    training images (no labels needed) keeps a signal; lambda ~ U[0, 1] because with
+    U[0.4, 0.6] the midpoint is solved but the barrier moves to lambda ~ 0.25. Measured with
+    this pair: 1,000 steps 0.062, 1,500 steps 0.043, 2,000 steps 0.035 (about 2 minutes).
+    """
+    from lmc_fast.data.augment import Mixup
+
     a, b, train_batches, test = digits_pair
     weight_al = digits_barriers["weight"][1]
-    al = lf.align(a, b, "learned", data=train_batches, steps=steps, lr=1e-2, lambdas_per_step=2, init=weight_al,
-                  eval_every=25, patience=8, seed=0)
-    return lf.barrier(a, al.apply(b), test, 11), al
-
-
-def test_learned_matching_beats_weight_matching(digits_pair, digits_barriers):
-    res, al = _learned_on_digits(digits_pair, digits_barriers, steps=150)
-    assert res.barrier < 0.5 * digits_barriers["weight"][0].barrier
-    assert al.info["val_barrier"] <= al.info["val_history"][0][1]
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="open (issue 4): on digits the learned alignment overfits the 1,347 training "
-                   "images; the best held-out barrier measured so far is 0.08, not <= 0.05")
-def test_learned_matching_reaches_near_zero_barrier(digits_pair, digits_barriers):
-    res, _ = _learned_on_digits(digits_pair, digits_barriers, steps=3000)
+    al = lf.align(a, b, "learned", data=train_batches, init=weight_al, steps=2000, lr=1e-2, lam="uniform",
+                  lambdas_per_step=2, target="endpoints", augment=Mixup(1.0), eval_every=100, seed=0)
+    res = lf.barrier(a, al.apply(b), test, 11)
     assert res.barrier <= 0.05
     assert res.barrier < digits_barriers["weight"][0].barrier
+    assert al.info["val_barrier"] <= al.info["val_history"][0][1]

@@ -215,7 +215,8 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
 
 def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: float = 1.0,
                   lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
-                  seed: int = 0, progress: bool = False):
+                  target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0,
+                  progress: bool = False):
     """Learned refinement after `merge_many`: latents for models[1:] (models[0] is the
     reference), trained on Dirichlet(alpha) mixtures. Returns (aligned models, alignments)."""
     from ..models.adapters import adapter_for
@@ -234,7 +235,8 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
     hard, info = learn_alignments(spec, [alignments[0].apply_params(params[0])] + params[1:],
                                   [al.elements for al in alignments[1:]], train, val, steps=steps, lr=lr,
                                   alpha=alpha, lambdas_per_step=lambdas_per_step, eval_every=eval_every,
-                                  patience=patience, seed=seed, device=device, progress=progress)
+                                  patience=patience, seed=seed, device=device, target=target,
+                                  temperature=temperature, augment=augment, progress=progress)
     learned = [alignments[0]] + [Alignment(spec, h, info) for h in hard]
     out = [merged[0]] + [adapter_for(m).build(m, al.apply_params(p)) for m, al, p in zip(models[1:], learned[1:], params[1:])]
     return out, learned
