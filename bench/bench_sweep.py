@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, record, sync, write_results  # noqa: E402
+from common import matmul_peak, print_table, record, sync, write_results  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
 from lmc_fast.sweep.engine import evaluate_mixtures_fused, evaluate_mixtures_loop  # noqa: E402
@@ -52,21 +52,6 @@ def forward_flops(arch, batch: int, tokens: int, in_features: int, classes: int)
         embed = 0  # a gather
         head = 2 * BT * d * classes
     return float(L * per_layer + embed + head)
-
-
-def matmul_peak(device, dtype, n: int, repeat: int = 5) -> float:
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    sync(device)
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        ts.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(ts) / 1e9
-
 
 def interleaved(fns: dict, repeat: int, device) -> dict:
     """name -> list of wall times, the variants run round robin `repeat` times (after one warm-up each)."""

@@ -64,6 +64,21 @@ def median_time(fn, *, repeat: int = 5, warmup: int = 1, device="cpu", min_time:
     return statistics.median(times), times
 
 
+def matmul_peak(device, dtype, n: int, repeat: int = 5) -> float:
+    """Measured GFLOP/s of one n x n x n matmul (median of `repeat`): the peak we quote."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        ts.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(ts) / 1e9
+
+
 def record(name: str, *, device, dtype, sizes, baseline: str, baseline_s: float, ours_s: float,
            gflops: float | None = None, extra: dict | None = None) -> dict:
     rec = {
