@@ -33,7 +33,11 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
     - "permutation": Git Re-Basin weight matching on raw parameters (the baseline);
     - "activation": the same solvers on activation cross-covariances over `data`;
     - "learned": straight-through optimisation of the alignment on the task loss of the
-      midpoints (needs `data`), initialised at weight matching.
+      midpoints (needs `data`), initialised at weight matching. Keyword options go to
+      `learned_matching`: steps, lr, lam ("narrow" | "uniform" | "fixed" | a number),
+      lambdas_per_step, target ("labels" | "endpoints"), temperature, augment (e.g.
+      `lmc_fast.data.augment.Mixup(1.0)` with target="endpoints"), learn, head_map, init,
+      eval_every, patience, val_fraction, device.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
