@@ -173,3 +173,13 @@ def test_endpoint_target_is_the_mixture_of_end_model_distributions():
     za, zb = logits(a, x).float(), logits(b, x).float()
     want0 = 0.3 * torch.softmax(za / 3, -1) + 0.7 * torch.softmax(zb / 3, -1)
     assert torch.allclose(got[0], want0, atol=1e-5) and torch.allclose(got[1], torch.softmax(za / 3, -1), atol=1e-5)
+
+
+def test_endpoint_target_on_a_language_model():
+    """Token logits (K, B, T, V): the distillation target and loss work per token."""
+    a, b = make_model("gpt2", seed=105, dtype=torch.float32), make_model("gpt2", seed=106, dtype=torch.float32)
+    data = [(make_inputs("gpt2", seed=s, batch=4),) * 2 for s in range(4)]
+    al = lf.align(a, b, "learned", data=data, steps=4, eval_every=2, lr=0.05, target="endpoints", lam="uniform")
+    assert al.info["steps"] == 4 and al.info["target"] == "endpoints"
+    x = make_inputs("gpt2", seed=9)
+    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
