@@ -130,7 +130,14 @@ def test_save_is_atomic(tmp_path, monkeypatch):
 
 def test_apply_to_mismatched_model_names_the_problem():
     a = Alignment.random(spec_of(make_model("vit", d_mlp=48), "orthogonal"))
-    with pytest.raises(ValueError, match="d_mlp is 40, expected 48"):
-        a.apply(make_model("vit", d_mlp=40))
+    with pytest.raises(ValueError, match="n_layer is 3, expected 2"):
+        a.apply(make_model("vit", d_mlp=48, n_layer=3))
+    with pytest.raises(ValueError, match="n_layer is 3, expected 2"):  # narrower, but differs elsewhere too
+        a.apply(make_model("vit", d_mlp=40, n_layer=3))
+    with pytest.raises(ValueError, match="wider MLP"):
+        a.apply(make_model("vit", d_mlp=56))
     with pytest.raises(ValueError, match="family"):
         a.apply(make_model("gpt2", d_mlp=48))
+    narrow = make_model("vit", d_mlp=40)  # narrower MLP only: zero-padded, then aligned
+    x = make_inputs("vit")
+    assert rel_err(logits(a.apply(narrow), x), logits(narrow, x)) < 1e-9

@@ -1,7 +1,8 @@
 """`align(model_a, model_b, method=...)`: the one entry point over every matching method."""
 from __future__ import annotations
 
-from ..models.adapters import standard_params
+from ..models.adapters import adapter_for, standard_params
+from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, prepare_params, spec_for
 from ..sweep.batches import reiterable
 
@@ -38,9 +39,15 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
       lambdas_per_step, target ("labels" | "endpoints"), temperature, augment (e.g.
       `lmc_fast.data.augment.Mixup(1.0)` with target="endpoints"), learn, head_map, init,
       eval_every, patience, val_fraction, device.
+
+    A model_b whose MLPs are narrower than model_a's (all else equal) is zero-padded first;
+    apply the result to the narrow model_b as usual (`al.apply(model_b)` pads it too).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    # A narrower MLP in B is zero-padded to A's width (function-preserving); the assignment
+    # then leaves the zero units on A's unmatched units (models/resize.py).
+    model_b = widen_mlp_to(adapter_for(model_a).arch(model_a), model_b)
     if method == "permutation":
         from .weight import weight_matching
 

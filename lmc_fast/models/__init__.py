@@ -2,4 +2,13 @@
 from .gpt2 import GPT2, GPT2Config
 from .vit import ViT, ViTConfig
 
-__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config"]
+
+
+def pad_mlp(model, d_mlp: int):
+    """`model` with its MLP zero-padded to width d_mlp: same class, same function (resize.py)."""
+    from .resize import pad_mlp as _pad_mlp
+
+    return _pad_mlp(model, d_mlp)
+
+
+__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "pad_mlp"]

@@ -50,6 +50,16 @@ class Arch:
 class Adapter:
     """Maps one model class to standard parameters and back."""
 
+    #: The config attribute holding the MLP width (for `resized`).
+    mlp_width_field = "d_mlp"
+
+    def resized(self, template, d_mlp: int):
+        """A fresh model like `template` (class, dtype, device, mode) with MLP width d_mlp."""
+        config = copy.deepcopy(template.config)
+        setattr(config, self.mlp_width_field, int(d_mlp))
+        p0 = next(template.parameters())
+        return type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+
     def arch(self, model) -> Arch:
         raise NotImplementedError
 
@@ -129,6 +139,8 @@ def _hf_class(name: str):
 class HFGPT2Adapter(Adapter):
     """transformers.GPT2LMHeadModel: Conv1D weights are (in, out); Q, K, V fused in c_attn."""
 
+    mlp_width_field = "n_inner"
+
     def arch(self, model):
         c = model.config
         if getattr(c, "add_cross_attention", False):
@@ -196,6 +208,8 @@ class HFGPT2Adapter(Adapter):
 
 class HFViTAdapter(Adapter):
     """transformers.ViTForImageClassification: Conv2d patch embedding, (1, 1, d) CLS token."""
+
+    mlp_width_field = "intermediate_size"
 
     # transformers < 5 names (vit.encoder.layer.L.attention.attention.query) and >= 5 names
     # (vit.layers.L.attention.q_proj): pick whichever the model has.

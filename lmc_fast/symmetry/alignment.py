@@ -72,7 +72,11 @@ class Alignment:
         return E.apply_spec(self.spec, params, self.elements)
 
     def apply(self, model):
-        """A model of the same class as `model` computing the same function, aligned."""
+        """A model of the same class as `model` computing the same function, aligned. A model
+        whose MLP is narrower than the reference's is zero-padded first (models/resize.py)."""
+        from ..models.resize import widen_mlp_to
+
+        model = widen_mlp_to(self.spec.arch, model, "model")
         arch, params = standard_params(model)
         check_same_arch(self.spec.arch, arch)
         new = self.apply_params(prepare_params(self.spec, arch, params))
