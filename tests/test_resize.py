@@ -78,3 +78,21 @@ def test_wider_model_b_is_refused_with_a_clear_error():
         lf.align(a, wide, "weight")
     al = lf.align(wide, a, "weight")  # the wider model as the reference works
     assert standard_params(al.apply(a))[0].d_mlp == standard_params(wide)[0].d_mlp
+
+
+def test_merge_many_pads_narrower_models_to_the_widest():
+    from lmc_fast.match.learned import learned_merge
+
+    models = [make_model("vit", seed=51, d_mlp=40), make_model("vit", seed=52, d_mlp=48),
+              make_model("vit", seed=53, d_mlp=44)]
+    x = make_inputs("vit")
+    merged = lf.merge_many(models, "weight")
+    assert [standard_params(m)[0].d_mlp for m in merged] == [48, 48, 48]
+    for m, orig in zip(merged, models):
+        assert rel_err(logits(m, x), logits(orig, x)) < 1e-9
+    mid = lf.interpolate(merged, [1 / 3] * 3)
+    assert standard_params(mid)[0].d_mlp == 48
+    data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
+    learned, _ = learned_merge([m.float() for m in models], data, steps=2, eval_every=1)
+    assert [standard_params(m)[0].d_mlp for m in learned] == [48, 48, 48]

@@ -222,6 +222,9 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
     from ..models.adapters import adapter_for
     from .many import merge_many
 
+    from ..models.resize import widen_all
+
+    models = widen_all(models)  # narrower MLPs zero-padded, as merge_many does
     merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
     spec = alignments[1].spec
     arch = spec.arch

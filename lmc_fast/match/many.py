@@ -6,6 +6,7 @@ import random
 import torch
 
 from ..models.adapters import adapter_for
+from ..models.resize import widen_all
 from ..symmetry import Alignment
 from .align import align, params_pair
 
@@ -28,10 +29,12 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
 
     mode="reference": align each model to models[0]. mode="mean" (MergeMany, data-free methods
     only): start there, then repeatedly re-align each model to the mean of the others until no
-    element changes or `rounds` is reached.
+    element changes or `rounds` is reached. Models whose MLPs are narrower than the widest are
+    zero-padded to it first (the returned copies all have the widest MLP).
     """
     if len(models) < 2:
         raise ValueError("merge_many needs at least two models")
+    models = widen_all(models)
     if mode not in ("mean", "reference"):
         raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
     alignments = [None] + [align(models[0], m, method, data=data, seed=seed) for m in models[1:]]

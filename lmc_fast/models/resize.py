@@ -55,3 +55,11 @@ def widen_mlp_to(arch_a, model_b, what: str = "model_b"):
                          "use the wider model as the reference (swap the two), or widen the reference with "
                          "lmc_fast.models.pad_mlp")
     return pad_mlp(model_b, arch_a.d_mlp)
+
+
+def widen_all(models: list) -> list:
+    """Every model zero-padded to the widest MLP among them (those that differ only in MLP
+    width); for merging several models of different widths."""
+    archs = [adapter_for(m).arch(m) for m in models]
+    widest = max(archs, key=lambda a: a.d_mlp)
+    return [widen_mlp_to(widest, m, f"models[{i}]") for i, m in enumerate(models)]
