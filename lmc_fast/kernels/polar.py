@@ -2,7 +2,7 @@
 
 Routing (see bench/bench_polar.py and bench/results/ for the measurements behind it):
 - CPU, polar factor only (``polar``), n <= CPU_POLAR_MAX_N[dtype]: the C++ scaled Newton
-  iteration in double (an n^3 Gauss-Jordan inverse per iteration, 5-9 iterations), which
+  iteration in double (an n^3 Gauss-Jordan inverse per iteration, 5-7 iterations), which
   falls back to the Jacobi SVD for numerically singular matrices (OpenMP over the batch).
 - CPU, singular values or vectors wanted, n <= CPU_MAX_N_BY_DTYPE[dtype]: the C++ one-sided
   Jacobi SVD in double (OpenMP over the batch).
@@ -29,11 +29,12 @@ __all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_
 #: Largest n for which the C++ Jacobi SVD is the CPU default, per dtype (torch's LAPACK
 #: wins above). Measured on a quiet 2-core CPU with the default threads, where ours runs
 #: the batch on both cores and torch's batched SVD on one (bench/results/polar_cpu.json:
-#: SVD 1.05x fp32 / 1.17x fp64 at n = 64 or 48; polar 2.0x fp32 / 2.6x fp64 at n = 64,
-#: 1.0x fp64 at 128). Jacobi computes in double either way, so float64 inputs gain more.
+#: SVD 1.06x fp32 at n = 48, 1.49x fp64 at 64; polar 2.4x fp32 / 4.0x fp64 at n = 64,
+#: 1.2x / 1.7x at 128, where one thread each is 0.5x / 0.85x, so fp32 stops at 64).
+#: Jacobi computes in double either way, so float64 inputs gain more.
 CPU_MAX_N_BY_DTYPE = {torch.float32: 48, torch.float64: 64}
 #: Largest n for which the C++ Newton polar iteration is the CPU default for ``polar``.
-CPU_POLAR_MAX_N = {torch.float32: 64, torch.float64: 96}
+CPU_POLAR_MAX_N = {torch.float32: 64, torch.float64: 128}
 CPU_MAX_N = max(max(CPU_MAX_N_BY_DTYPE.values()), max(CPU_POLAR_MAX_N.values()))
 #: Largest n of the CUDA one-block-per-matrix kernel.
 CUDA_MAX_N = 64
