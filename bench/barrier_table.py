@@ -30,7 +30,7 @@ PAIRS = {  # recipe, training overrides, test examples, statistics / learning ex
 
 LEARNED = {
     "task": dict(lr=1e-2, lambdas_per_step=2, eval_every=25, patience=8),
-    "distill": dict(lr=1e-2, lambdas_per_step=2, eval_every=100, lam="uniform", target="endpoints"),
+    "distill": dict(lr=1e-2, lambdas_per_step=2, eval_every=100, lam="uniform", target="endpoints", val_fraction=0.2),
 }
 
 

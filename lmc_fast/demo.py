@@ -76,7 +76,8 @@ LEARNED_STEPS = {"cuda": 3000, "digits": 2000, "fashion-mnist": 300}
 #: Learned matching in the demo: the end models fit their training images, so each mixture
 #: is fitted to the end models' mixed predictions on Mixup blends, with lambda ~ U[0, 1]
 #: (tests/test_real_data.py has the measurements behind this choice).
-LEARNED_SETTINGS = dict(lr=1e-2, lam="uniform", lambdas_per_step=2, target="endpoints", eval_every=100)
+LEARNED_SETTINGS = dict(lr=1e-2, lam="uniform", lambdas_per_step=2, target="endpoints", eval_every=100,
+                        val_fraction=0.2)
 
 
 def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick: bool = False,
