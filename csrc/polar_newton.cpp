@@ -1,7 +1,8 @@
 // Orthogonal polar factor by the scaled Newton iteration, for the polar-only request.
 //
-// X_{k+1} = (mu_k X_k + X_k^{-T} / mu_k) / 2 with Byers-Xu scale factors mu_k, in double. It converges quadratically to U V^T for
-// any nonsingular M, in 5-9 iterations for condition numbers up to ~1e5, each one an
+// X_{k+1} = (mu_k X_k + X_k^{-T} / mu_k) / 2 with Byers-Xu scale factors mu_k, in double.
+// It converges quadratically to U V^T for any nonsingular M, in 5-7 iterations for the
+// condition numbers of Gaussian matrices (up to ~1e4 at n = 64), each one an
 // n^3 Gauss-Jordan inverse: about 16 n^3 flops against ~50 n^3 for a Jacobi SVD that
 // accumulates V. Numerically rank-deficient inputs (Frobenius condition number above 1e6
 // for float32, 1e12 for float64, or a pivot below 1e-11 of the largest entry) and the rare
@@ -78,14 +79,14 @@ bool polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork)
   // (Frobenius norms of X and X^{-1}, known after the first inverse), the scale factors of
   // every later iteration follow in closed form. Measured on Gaussian 64 x 64 inputs it
   // needs ~1 iteration fewer than recomputing Higham's Frobenius scaling every step.
-  double alpha = 1.0, beta = 1.0, mu_prev = 1.0;
+  const double alpha = 1.0;  // |X|_F after the normalisation above
+  double beta = 1.0, mu_prev = 1.0;
   for (int it = 0; it < max_iter; ++it) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n; ++j) Y[j * n + i] = X[i * n + j];
     if (!invert_gauss_jordan(Y, n, iwork, 1e-11)) return false;
     double mu;
     if (it == 0) {
-      alpha = std::sqrt(frob2(X, n2));
       beta = 1.0 / std::sqrt(frob2(Y, n2));
       // Frobenius condition number (>= the 2-norm one): above ~1/sqrt(eps of T) the input is
       // rank deficient for practical purposes; the Jacobi path defines that case.

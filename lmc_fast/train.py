@@ -66,7 +66,8 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     `steps` (neither: 1 epoch). `warmup` is a fraction of the total steps (>= 1: a step count). `seed` seeds
     torch/NumPy/Python and the shuffling. `eval_data` (dataset or batches) is evaluated at
     the end. `augment(x, generator) -> x` (e.g. `lmc_fast.data.augment.RandomShift`) transforms
-    each training batch, drawing from a generator seeded with `seed`. Returns {"train_loss" (mean of the last epoch, or the last <=100 steps),
+    each training batch, drawing from a generator seeded with `seed`. Returns {"train_loss"
+    (mean of the last epoch, or the last <=100 steps),
     "steps", "epochs", "seconds", "lr", "loss_curve" (mean loss per epoch / 100 steps),
     "eval" (metrics) when eval_data is given}.
     """

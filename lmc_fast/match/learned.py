@@ -220,9 +220,8 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
     """Learned refinement after `merge_many`: latents for models[1:] (models[0] is the
     reference), trained on Dirichlet(alpha) mixtures. Returns (aligned models, alignments)."""
     from ..models.adapters import adapter_for
-    from .many import merge_many
-
     from ..models.resize import widen_all
+    from .many import merge_many
 
     models = widen_all(models)  # narrower MLPs zero-padded, as merge_many does
     merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
