@@ -92,7 +92,7 @@ void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y,
 }  // namespace
 
 void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work,
-               int64_t* iwork, int init_level) {
+               int64_t* iwork, int init_level, const double* v_init, double* v_out) {
   double* v = work;            // m
   double* d = work + m;        // m
   double* vmin = work + 2 * m; // m (column reduction)
@@ -106,8 +106,44 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
   for (int64_t i = 0; i < n; ++i) x[i] = -1;
   for (int64_t j = 0; j < m; ++j) y[j] = -1;
   int64_t numfree = 0;
+  const bool warm = v_init != nullptr && n == m && n > 1;
 
-  if (n == m && n > 1 && init_level >= 1) {
+  bool warm_kept = false;
+  if (warm) {
+    // Warm start: any column prices are dual feasible with the implicit row prices
+    // u_i = min_j (c_ij - v_j). Each row takes its best column under the caller's prices if
+    // that column is still free; augmenting row reduction then places the contested rows.
+    // When the problem moved far from the one the prices came from (over a quarter of the
+    // rows contested), those prices are worse than none: restart cold.
+    for (int64_t j = 0; j < m; ++j) v[j] = v_init[j];
+    for (int64_t i = 0; i < n; ++i) {
+      const double* ci = c + i * m;
+      double umin = ci[0] - v[0];
+      int64_t j1 = 0;
+      for (int64_t j = 1; j < m; ++j) {
+        const double h = ci[j] - v[j];
+        if (h < umin) {
+          umin = h;
+          j1 = j;
+        }
+      }
+      if (y[j1] < 0) {
+        x[i] = j1;
+        y[j1] = i;
+      } else {
+        freerows[numfree++] = i;
+      }
+    }
+    warm_kept = 4 * numfree <= n;
+    if (!warm_kept) {
+      for (int64_t i = 0; i < n; ++i) x[i] = -1;
+      for (int64_t j = 0; j < m; ++j) y[j] = -1;
+      numfree = 0;
+    }
+  }
+  if (warm_kept) {
+    // Prices and partial assignment from the warm start.
+  } else if (n == m && n > 1 && init_level >= 1) {
     // Column reduction: v_j = min_i c_ij, scanning rows (contiguous) not columns.
     for (int64_t j = 0; j < m; ++j) {
       vmin[j] = c[j];
@@ -154,8 +190,14 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
         if (mu > 0) v[j1] -= mu;
       }
     }
+  } else {
+    for (int64_t j = 0; j < m; ++j) v[j] = 0;
+    for (int64_t i = 0; i < n; ++i) freerows[numfree++] = i;
+  }
+
+  if (n == m && n > 1 && (warm_kept || init_level >= 2)) {
     // Augmenting row reduction, two rounds.
-    for (int round = 0; round < (init_level >= 2 ? 2 : 0) && numfree > 0; ++round) {
+    for (int round = 0; round < 2 && numfree > 0; ++round) {
       int64_t k = 0;
       const int64_t prvnumfree = numfree;
       numfree = 0;
@@ -199,14 +241,13 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
         }
       }
     }
-  } else {
-    for (int64_t j = 0; j < m; ++j) v[j] = 0;
-    for (int64_t i = 0; i < n; ++i) freerows[numfree++] = i;
   }
 
   // Augmentation for the remaining free rows.
   for (int64_t f = 0; f < numfree; ++f)
     augment_from(c, m, freerows[f], x, y, v, d, pred, collist);
+  if (v_out != nullptr)
+    for (int64_t j = 0; j < m; ++j) v_out[j] = v[j];
 }
 
 }  // namespace lmc

@@ -10,8 +10,13 @@ namespace lmc {
 // reduction transfer (the default: measured fastest on random dense scores here),
 // 2 = also two rounds of augmenting row reduction (slower on Gaussian scores), 0 = none.
 // Rectangular problems run the augmentation phase from zero column duals.
+// Warm start (square problems only; ignored otherwise): v_init holds m column prices, e.g.
+// v_out of an earlier solve of a similar cost matrix; they replace the initialisation and
+// only the rows whose best column is contested need augmenting paths. Any prices give the
+// same optimum; good ones save time. v_out (nullable) receives the final column prices.
 // work: at least 4*m doubles; iwork: at least 5*m + n int64.
 void lap_solve(const double* cost, int64_t n, int64_t m, int64_t* col, double* work,
-               int64_t* iwork, int init_level = 1);
+               int64_t* iwork, int init_level = 1, const double* v_init = nullptr,
+               double* v_out = nullptr);
 
 }  // namespace lmc

@@ -127,12 +127,23 @@ py::tuple svd_dispatch(py::array arr, bool want_uv, bool want_s, bool want_p, do
 }
 
 template <typename T>
-py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads, int init_level) {
+py::object lap_impl(py::array arr, bool maximize, int num_threads, int init_level,
+                    py::object duals, bool return_duals) {
   auto C = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(arr);
   if (!C) throw py::value_error("linear_assignment: could not convert input");
   const int64_t B = C.shape(0), n = C.shape(1), m = C.shape(2);
+  py::array_t<double, py::array::c_style | py::array::forcecast> v_in;
+  if (!duals.is_none()) {
+    v_in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(duals);
+    if (!v_in || v_in.ndim() != 2 || v_in.shape(0) != B || v_in.shape(1) != m)
+      throw py::value_error("linear_assignment: duals must be a (B, m) = (" + std::to_string(B) +
+                            ", " + std::to_string(m) + ") float array from an earlier call");
+  }
   py::array_t<int64_t> out(std::vector<py::ssize_t>{B, n});
+  py::array_t<double> v_out(std::vector<py::ssize_t>{return_duals ? B : 0, m});
   const T* src = C.data();
+  const double* vin = duals.is_none() ? nullptr : v_in.data();
+  double* vout = return_duals ? v_out.mutable_data() : nullptr;
   int64_t* dst = out.mutable_data();
   bool bad = false;
   const int nt = resolve_threads(num_threads, B);
@@ -157,6 +168,8 @@ py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads, int
           finite &= std::isfinite(val);
           cost[k] = val;
         }
+        const double* vb = vin ? vin + (size_t)b * m : nullptr;
+        for (int64_t j = 0; vb && j < m; ++j) finite &= std::isfinite(vb[j]);
         if (!finite) {
 #ifdef LMC_FAST_OPENMP
 #pragma omp atomic write
@@ -164,16 +177,19 @@ py::array_t<int64_t> lap_impl(py::array arr, bool maximize, int num_threads, int
           bad = true;
           continue;
         }
-        lmc::lap_solve(cost.data(), n, m, dst + (size_t)b * n, work.data(), iwork.data(), init_level);
+        lmc::lap_solve(cost.data(), n, m, dst + (size_t)b * n, work.data(), iwork.data(), init_level,
+                       vb, vout ? vout + (size_t)b * m : nullptr);
       }
     }
   }
   (void)nt;
-  if (bad) throw py::value_error("linear_assignment: costs must be finite (found NaN or inf)");
+  if (bad) throw py::value_error("linear_assignment: costs and duals must be finite (found NaN or inf)");
+  if (return_duals) return py::make_tuple(out, v_out);
   return out;
 }
 
-py::array_t<int64_t> linear_assignment(py::array arr, bool maximize, int num_threads, int init_level) {
+py::object linear_assignment(py::array arr, bool maximize, int num_threads, int init_level,
+                             py::object duals, bool return_duals) {
   if (arr.ndim() != 3)
     throw py::value_error("linear_assignment: expected a (B, n, m) array, got ndim=" +
                           std::to_string(arr.ndim()));
@@ -183,9 +199,10 @@ py::array_t<int64_t> linear_assignment(py::array arr, bool maximize, int num_thr
                           ")");
   const auto kind = arr.dtype().kind();
   const auto size = arr.dtype().itemsize();
-  if (kind == 'f' && size == 4) return lap_impl<float>(arr, maximize, num_threads, init_level);
-  if (kind == 'f' && size == 8) return lap_impl<double>(arr, maximize, num_threads, init_level);
-  if (kind == 'i' || kind == 'u') return lap_impl<double>(arr, maximize, num_threads, init_level);
+  if (kind == 'f' && size == 4)
+    return lap_impl<float>(arr, maximize, num_threads, init_level, duals, return_duals);
+  if ((kind == 'f' && size == 8) || kind == 'i' || kind == 'u')
+    return lap_impl<double>(arr, maximize, num_threads, init_level, duals, return_duals);
   throw py::type_error("linear_assignment: dtype must be float32, float64 or integer, got " +
                        std::string(py::str(arr.dtype())));
 }
@@ -290,9 +307,12 @@ PYBIND11_MODULE(_C, m) {
       "method='newton' applies to the polar-only request (want_p alone); sweeps is 0 where\n"
       "the Newton iteration converged.");
   m.def("linear_assignment", &linear_assignment, py::arg("C"), py::arg("maximize") = true,
-        py::arg("num_threads") = 0, py::arg("init_level") = 1,
+        py::arg("num_threads") = 0, py::arg("init_level") = 1, py::arg("duals") = py::none(),
+        py::arg("return_duals") = false,
         "Exact batched linear assignment (Jonker-Volgenant) of a (B, n, m) array, n <= m.\n"
-        "Returns (B, n) int64 column indices. Costs must be finite.");
+        "Returns (B, n) int64 column indices. Costs must be finite.\n"
+        "duals: (B, m) column prices of an earlier solve of similar problems (same sense) to\n"
+        "warm-start square problems; return_duals=True returns (cols, duals).");
   m.def("polar_cuda", &polar_cuda, py::arg("M"), py::arg("U"), py::arg("S"), py::arg("Vh"),
         py::arg("P"), py::arg("B"), py::arg("n"), py::arg("dtype"), py::arg("tol") = 0.0,
         py::arg("max_sweeps") = 60, py::arg("stream") = 0,

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .models import GPT2, GPT2Config, ViT, ViTConfig
+from .numerics import all_finite
 from .models.adapters import UnsupportedModelError, adapter_for
 
 FORMAT = "lmc_fast.model/1"
@@ -317,7 +318,7 @@ def _load_ours(path: Path):
             raise CheckpointError(f"{weights}: parameter {k!r} has shape {tuple(t.shape)}, the config needs {tuple(want[k].shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"{weights}: parameter {k!r} has non-float dtype {t.dtype}")
-        if not torch.isfinite(t).all():
+        if not all_finite(t):
             raise CheckpointError(f"{weights}: parameter {k!r} holds NaN or inf values")
         dtypes.add(t.dtype)
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32

@@ -19,9 +19,10 @@ def svd_small(M):
     return _svd_small(M)
 
 
-def linear_assignment(C, maximize: bool = True):
-    """(B, n, m) scores (n <= m) -> (B, n) column index assigned to each row."""
-    return _linear_assignment(C, maximize=maximize)
+def linear_assignment(C, maximize: bool = True, *, duals=None, return_duals: bool = False):
+    """(B, n, m) scores (n <= m) -> (B, n) column index assigned to each row (and the column
+    prices for a warm start of the next similar solve, with ``return_duals``)."""
+    return _linear_assignment(C, maximize=maximize, duals=duals, return_duals=return_duals)
 
 
 __all__ = [

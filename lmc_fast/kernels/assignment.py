@@ -5,20 +5,30 @@ every device (CUDA tensors are copied to the host, solved, and the indices copie
 without the compiled extension it falls back to scipy's ``linear_sum_assignment`` in a
 loop (the reference). Both are exact; with ties they may return different optimal
 assignments of the same objective.
+
+Warm start: ``return_duals=True`` also returns the solver's column prices, and passing
+them back as ``duals=`` to the next solve of a similar square problem (same shape and
+sense, e.g. the next sweep of weight matching) starts from them instead of from scratch.
+The optimum does not depend on the prices, only the time does (bench/bench_assignment.py,
+"warm" rows). The scipy fallback has no prices: it ignores ``duals`` and returns None.
 """
 from __future__ import annotations
 
 import torch
 
+from ..numerics import all_finite
 from ._ext import get_ext
 from .reference import linear_assignment_reference
 
 __all__ = ["linear_assignment", "assignment_objective"]
 
 
-def linear_assignment(C: torch.Tensor, maximize: bool = True) -> torch.Tensor:
+def linear_assignment(C: torch.Tensor, maximize: bool = True, *, duals: torch.Tensor | None = None,
+                      return_duals: bool = False):
     """(B, n, m) or (n, m) scores with n <= m -> (B, n) / (n,) int64 column index
-    assigned to each row, on C's device. ``maximize=False`` minimises the total cost."""
+    assigned to each row, on C's device. ``maximize=False`` minimises the total cost.
+    With ``return_duals`` returns ``(cols, duals)``: float64 column prices of shape (B, m) /
+    (m,) on the CPU (None without the compiled solver), to pass as ``duals`` next time."""
     if not isinstance(C, torch.Tensor):
         raise TypeError(f"linear_assignment: expected a torch.Tensor, got {type(C).__name__}")
     if C.dim() not in (2, 3):
@@ -32,22 +42,38 @@ def linear_assignment(C: torch.Tensor, maximize: bool = True) -> torch.Tensor:
         raise TypeError(f"linear_assignment: expected real scores, got {C.dtype}")
     squeeze = C.dim() == 2
     Cb = C.unsqueeze(0) if squeeze else C
-    if Cb.is_floating_point() and Cb.numel() and not bool(torch.isfinite(Cb).all()):
-        raise ValueError("linear_assignment: scores contain NaN or inf")
     B, n, m = Cb.shape
     if B == 0 or n == 0:
         out = torch.empty((B, n), dtype=torch.int64, device=C.device)
-        return out[0] if squeeze else out
+        out = out[0] if squeeze else out
+        return (out, None) if return_duals else out
     ext = get_ext()
     if ext is None:
-        return linear_assignment_reference(C, maximize=maximize)
+        # The compiled solver checks finiteness while it copies the scores; scipy needs it here.
+        if not all_finite(Cb):
+            raise ValueError("linear_assignment: scores contain NaN or inf")
+        out = linear_assignment_reference(C, maximize=maximize)
+        return (out, None) if return_duals else out
     x = Cb.detach()
     if x.dtype not in (torch.float32, torch.float64):
         x = x.to(torch.float64)
     arr = x.to("cpu").contiguous().numpy()
-    out = torch.from_numpy(ext.linear_assignment(arr, bool(maximize)))
-    out = out.to(C.device)
-    return out[0] if squeeze else out
+    v_in = None
+    if duals is not None:
+        v = duals.detach().to("cpu", torch.float64)
+        v = v.unsqueeze(0) if v.dim() == 1 else v
+        if tuple(v.shape) != (B, m):
+            raise ValueError(f"linear_assignment: duals of shape {tuple(duals.shape)} do not fit scores of "
+                             f"shape {tuple(C.shape)}; expected {(B, m) if not squeeze else (m,)}")
+        v_in = v.contiguous().numpy()
+    res = ext.linear_assignment(arr, bool(maximize), duals=v_in, return_duals=return_duals)
+    cols, v_out = res if return_duals else (res, None)
+    out = torch.from_numpy(cols).to(C.device)
+    out = out[0] if squeeze else out
+    if not return_duals:
+        return out
+    v_out = torch.from_numpy(v_out)
+    return out, (v_out[0] if squeeze else v_out)
 
 
 def assignment_objective(C: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..numerics import all_finite
 from ._ext import get_ext, has_cuda_kernels
 from .reference import polar_reference, svd_small_reference
 
@@ -51,7 +52,7 @@ def _check(M: torch.Tensor, fn: str) -> tuple[torch.Tensor, bool]:
         raise ValueError(f"{fn}: matrices must be square, got {tuple(M.shape[-2:])}")
     if not M.is_floating_point():
         raise TypeError(f"{fn}: expected a floating-point tensor, got {M.dtype}")
-    if M.numel() and not bool(torch.isfinite(M).all()):
+    if not all_finite(M):
         raise ValueError(f"{fn}: input contains NaN or inf")
     squeeze = M.dim() == 2
     return (M.unsqueeze(0) if squeeze else M), squeeze

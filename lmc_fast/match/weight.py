@@ -17,14 +17,17 @@ import time
 
 import torch
 
+from ..numerics import all_finite
 from ..symmetry.elements import apply_spec, identity
 from ..symmetry.spec import Spec
 from . import solve
 
 
-def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False):
+def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False,
+                 warm: dict | None = None):
     """Solve the given layer-local groups given B with the residual element applied. With
-    `freeze_perms`, permutations stay and only the per-head orthogonal maps are re-solved."""
+    `freeze_perms`, permutations stay and only the per-head orthogonal maps are re-solved.
+    `warm` carries assignment prices from sweep to sweep (see solve.solve_permutations)."""
     mlp = [n for n in names if spec.groups[n].kind == "permutation"]
     heads = [n for n in names if spec.groups[n].kind == "heads"]
     if freeze_perms:
@@ -35,7 +38,7 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
         return
     if mlp:
         Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in mlp])
-        for n, perm in zip(mlp, solve.solve_permutations(Cs)):
+        for n, perm in zip(mlp, solve.solve_permutations(Cs, warm, tuple(mlp))):
             elements[n] = {"perm": perm}
     if heads:
         cs = [solve.correlation(spec.groups[n], pa, pb_r) for n in heads]
@@ -44,18 +47,18 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
             elements[n] = {"perm": perm[i], "qk": qk[i], "vo": vo[i]}
 
 
-def _solve_one(spec: Spec, name: str, pa: dict, pb_other: dict, elements: dict):
+def _solve_one(spec: Spec, name: str, pa: dict, pb_other: dict, elements: dict, warm: dict | None = None):
     group = spec.groups[name]
     if group.kind == "heads":
         _solve_local(spec, pa, pb_other, elements, [name])
     elif group.kind == "permutation":
         C = solve.correlation(group, pa, pb_other)
-        elements[name] = {"perm": solve.solve_permutations(C.unsqueeze(0))[0]}
+        elements[name] = {"perm": solve.solve_permutations(C.unsqueeze(0), warm, name)[0]}
     else:
         elements[name] = {"matrix": solve.solve_orthogonal(group, solve.correlation(group, pa, pb_other))}
 
 
-def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[str]) -> float:
+def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[str], warm: dict | None = None) -> float:
     """Solve the residual group given the others and return the full objective, read off the
     residual's own correlation: sum over its axes of <A, M . B'> = sum(M * C) (or sum_i
     C[i, perm[i]]), plus the parameters it does not touch. Saves one transform of every
@@ -64,7 +67,7 @@ def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[st
     pb_other = apply_spec(spec, pb, elements, skip={"residual"})
     C = solve.correlation(group, pa, pb_other)
     if group.kind == "permutation":
-        perm = solve.solve_permutations(C.unsqueeze(0))[0]
+        perm = solve.solve_permutations(C.unsqueeze(0), warm, "residual")[0]
         elements["residual"] = {"perm": perm}
         value = C[torch.arange(C.shape[0]), perm].sum()
     else:
@@ -81,7 +84,7 @@ def _anchor_residual(spec: Spec, pa: dict, pb: dict):
     if not anchor.axes:
         return None
     C = solve.correlation(anchor, pa, pb)
-    if not torch.isfinite(C).all() or C.abs().max() == 0:
+    if not all_finite(C) or C.abs().max() == 0:
         return None
     elements = {}
     _solve_one(dataclasses.replace(spec, groups={"residual": anchor}), "residual", pa, pb, elements)
@@ -124,13 +127,14 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
     residual_params = {ax.param for ax in spec.groups["residual"].axes} if "residual" in spec.groups else set()
     rest = [n for n in names if n not in residual_params]
     rng = random.Random(seed)
+    warm = {}  # assignment prices per group, carried from sweep to sweep
     it = 0
     for it in range(1, max_iter + 1):
         if order == "structured":
             pb_r = apply_spec(spec, pb, elements, skip=set(local))
-            _solve_local(spec, pa, pb_r, elements, local)
+            _solve_local(spec, pa, pb_r, elements, local, warm=warm)
             if "residual" in spec.groups:
-                value = _residual_step(spec, pa, pb, elements, rest)
+                value = _residual_step(spec, pa, pb, elements, rest, warm)
             else:
                 value = solve.objective(pa, apply_spec(spec, pb, elements), names)
         else:
@@ -139,7 +143,7 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
             for n in group_names:
                 touched = {ax.param for ax in spec.groups[n].axes}
                 sub = apply_spec(spec, {p: pb[p] for p in touched}, elements, skip={n})
-                _solve_one(spec, n, pa, sub, elements)
+                _solve_one(spec, n, pa, sub, elements, warm)
             value = solve.objective(pa, apply_spec(spec, pb, elements), names)
         history.append(value)
         if progress is not None:

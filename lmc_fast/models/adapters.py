@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..numerics import all_finite
 from .gpt2 import GPT2
 from .vit import ViT
 
@@ -301,6 +302,6 @@ def standard_params(model):
     adapter = adapter_for(model)
     arch, params = adapter.arch(model), adapter.get(model)
     for name, t in params.items():
-        if not torch.isfinite(t).all():
+        if not all_finite(t):
             raise ValueError(f"parameter {name!r} of {type(model).__name__} holds NaN or inf values")
     return arch, params

@@ -173,3 +173,66 @@ def test_all_init_levels_exact(init_level, kind):
     for maximize in (True, False):
         cols = get_ext().linear_assignment(C, maximize, 0, init_level)
         _check(torch.from_numpy(C), torch.from_numpy(cols), maximize)
+
+
+@needs_ext
+@pytest.mark.parametrize("prices", ["previous", "random", "huge", "zeros"])
+@pytest.mark.parametrize("kind", ["gauss", "int"])
+def test_warm_start_reaches_the_optimum_from_any_prices(prices, kind):
+    """Warm-started solves are exact whatever prices they start from: prices of a similar
+    earlier problem (the intended use), random or huge prices, and zeros; with ties too."""
+    rng = np.random.default_rng(len(prices) * 7 + len(kind))
+    B, n = 3, 120
+    base = rng.standard_normal((B, n, n)) if kind == "gauss" else rng.integers(0, 4, (B, n, n)).astype(float)
+    C = torch.from_numpy(base + (0.05 * rng.standard_normal((B, n, n)) if kind == "gauss" else 0))
+    for maximize in (True, False):
+        _, v_prev = K.linear_assignment(torch.from_numpy(base), maximize=maximize, return_duals=True)
+        duals = {"previous": v_prev, "random": torch.from_numpy(rng.standard_normal((B, n))),
+                 "huge": torch.from_numpy(1e6 * rng.standard_normal((B, n))),
+                 "zeros": torch.zeros(B, n, dtype=torch.float64)}[prices]
+        cols, v = K.linear_assignment(C, maximize=maximize, duals=duals, return_duals=True)
+        _check(C, cols, maximize)
+        assert v.shape == (B, n) and v.dtype == torch.float64 and bool(torch.isfinite(v).all())
+
+
+@needs_ext
+def test_warm_prices_are_dual_optimal():
+    """The returned prices certify optimality: with u_i = min_j (c_ij - v_j) the dual
+    objective sum(u) + sum(v) equals the primal optimum (minimisation sense)."""
+    rng = np.random.default_rng(11)
+    C = torch.from_numpy(rng.standard_normal((2, 80, 80)))
+    cols, v = K.linear_assignment(C, maximize=False, return_duals=True)
+    u = (C - v[:, None, :]).amin(-1)
+    primal = K.assignment_objective(C, cols)
+    torch.testing.assert_close(u.sum(-1) + v.sum(-1), primal, rtol=0, atol=1e-9)
+
+
+@needs_ext
+def test_warm_start_unbatched_rectangular_and_errors():
+    rng = np.random.default_rng(12)
+    C = torch.from_numpy(rng.standard_normal((50, 50)))
+    cols, v = K.linear_assignment(C, return_duals=True)
+    assert cols.shape == (50,) and v.shape == (50,)
+    _check(C[None], K.linear_assignment(C + 0.01, duals=v)[None], True)
+    # Rectangular problems ignore the prices (documented): still exact.
+    R = torch.from_numpy(rng.standard_normal((2, 30, 45)))
+    _check(R, K.linear_assignment(R, duals=torch.from_numpy(rng.standard_normal((2, 45)))), True)
+    with pytest.raises(ValueError, match="duals of shape"):
+        K.linear_assignment(C, duals=torch.zeros(49, dtype=torch.float64))
+    bad = v.clone()
+    bad[3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        K.linear_assignment(C, duals=bad)
+
+
+def test_warm_start_fallback_returns_no_prices(monkeypatch):
+    import importlib
+
+    amod = importlib.import_module("lmc_fast.kernels.assignment")
+    monkeypatch.setattr(amod, "get_ext", lambda: None)
+    C = torch.randn(2, 20, 20, dtype=torch.float64)
+    cols, v = K.linear_assignment(C, return_duals=True)
+    assert v is None
+    _check(C, cols, True)
+    _check(C, K.linear_assignment(C, duals=torch.zeros(2, 20)), True)
+
