@@ -192,7 +192,26 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
     }
   } else {
     for (int64_t j = 0; j < m; ++j) v[j] = 0;
-    for (int64_t i = 0; i < n; ++i) freerows[numfree++] = i;
+    if (n < m && init_level >= 1) {
+      // Rectangular: with zero prices each row may take its cheapest column if still free
+      // (u_i = min_j c_ij keeps the duals feasible, and unassigned columns keep price 0, as
+      // optimality needs when some columns stay unassigned). Most rows of a wide problem
+      // land this way; only the contested ones need augmenting paths.
+      for (int64_t i = 0; i < n; ++i) {
+        const double* ci = c + i * m;
+        int64_t j1 = 0;
+        for (int64_t j = 1; j < m; ++j)
+          if (ci[j] < ci[j1]) j1 = j;
+        if (y[j1] < 0) {
+          x[i] = j1;
+          y[j1] = i;
+        } else {
+          freerows[numfree++] = i;
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) freerows[numfree++] = i;
+    }
   }
 
   if (n == m && n > 1 && (warm_kept || init_level >= 2)) {
