@@ -62,6 +62,31 @@ def test_projected_elements_preserve_function_at_every_step(head_map):
         opt.step()
 
 
+def test_latent_projection_warm_start_matches_cold_solves():
+    """Each step's assignment starts from the previous step's prices; the permutations must
+    reach the same optimum as a cold solve of the same latents at every step."""
+    import lmc_fast.kernels as K
+
+    a = make_model("vit", seed=52, dtype=torch.float32, d_mlp=40)
+    arch, _ = standard_params(a)
+    spec = canonical_spec(arch)
+    lat = Latents(spec, Alignment.random(spec, seed=3).elements)
+    first = None
+    for step in range(5):
+        _, hard = lat.project()
+        if K.has_ext():
+            assert lat._warm_mlp["duals"].shape == (len(lat.mlp), 40)
+        cold = K.linear_assignment_reference(lat.mlp_latent.detach())
+        warm = torch.stack([hard[n]["perm"] for n in lat.mlp])
+        torch.testing.assert_close(K.assignment_objective(lat.mlp_latent.detach(), warm),
+                                   K.assignment_objective(lat.mlp_latent.detach(), cold), rtol=0, atol=1e-6)
+        first = warm if first is None else first
+        with torch.no_grad():  # a random walk big enough to change the assignment
+            for p in lat.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    assert not torch.equal(warm, first)  # the walk did move the optimum
+
+
 def test_sample_weights_modes():
     gen = torch.Generator().manual_seed(0)
     w = sample_weights("narrow", 2, 100, gen)

@@ -40,9 +40,15 @@ def polar_ste(M: torch.Tensor) -> torch.Tensor:
     return exact.to(M.dtype) + (soft - soft.detach())
 
 
-def permutation_ste(latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G, n, n) latents -> hard permutation matrices with identity gradient, and the perms."""
-    perm = kernels.linear_assignment(latent.detach(), maximize=True)
+def permutation_ste(latent: torch.Tensor, warm: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, n, n) latents -> hard permutation matrices with identity gradient, and the perms.
+    `warm` (a dict kept between steps) holds the assignment's column prices: one optimiser
+    step moves the latents a little, so the next solve starts from the last one's prices."""
+    if warm is None:
+        perm = kernels.linear_assignment(latent.detach(), maximize=True)
+    else:
+        perm, warm["duals"] = kernels.linear_assignment(latent.detach(), maximize=True, duals=warm.get("duals"),
+                                                        return_duals=True)
     hard = torch.zeros_like(latent).scatter_(-1, perm.unsqueeze(-1), 1.0)
     return hard + (latent - latent.detach()), perm
 
@@ -64,6 +70,7 @@ class Latents(torch.nn.Module):
         self.head_map = spec.groups[self.heads[0]].head_map if self.heads else "orthogonal"
         res = spec.groups.get("residual")
         self.centred = bool(res is not None and res.centred)
+        self._warm_mlp, self._warm_heads = {}, {}  # assignment prices from the previous step
         if self.mlp:
             self.mlp_latent = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.mlp]))
         if self.heads:
@@ -82,11 +89,11 @@ class Latents(torch.nn.Module):
         """Dense differentiable elements {name: {...}} and the hard elements they equal."""
         dense, hard = {}, {}
         if self.mlp:
-            P, perm = permutation_ste(self.mlp_latent)
+            P, perm = permutation_ste(self.mlp_latent, self._warm_mlp)
             for i, n in enumerate(self.mlp):
                 dense[n], hard[n] = {"P": P[i]}, {"perm": perm[i]}
         if self.heads:
-            P, perm = permutation_ste(self.head_perm)
+            P, perm = permutation_ste(self.head_perm, self._warm_heads)
             L, _, H, dh, _ = self.head_maps.shape
             maps = self.head_maps
             if self.head_map == "orthogonal":
