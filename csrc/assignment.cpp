@@ -89,6 +89,33 @@ void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y,
   }
 }
 
+// Each row in order takes its cheapest column under prices v (zero when v is null) if that
+// column is still free; the others are appended to freerows. Rows end at an argmin of
+// c_ij - v_j, so the implicit row prices u_i = min_j (c_ij - v_j) stay dual feasible.
+int64_t take_row_minima(const double* c, int64_t n, int64_t m, const double* v, int64_t* x,
+                        int64_t* y, int64_t* freerows) {
+  int64_t numfree = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double* ci = c + i * m;
+    double best = ci[0] - (v ? v[0] : 0.0);
+    int64_t j1 = 0;
+    for (int64_t j = 1; j < m; ++j) {
+      const double h = ci[j] - (v ? v[j] : 0.0);
+      if (h < best) {
+        best = h;
+        j1 = j;
+      }
+    }
+    if (y[j1] < 0) {
+      x[i] = j1;
+      y[j1] = i;
+    } else {
+      freerows[numfree++] = i;
+    }
+  }
+  return numfree;
+}
+
 }  // namespace
 
 void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work,
@@ -116,24 +143,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
     // When the problem moved far from the one the prices came from (over a quarter of the
     // rows contested), those prices are worse than none: restart cold.
     for (int64_t j = 0; j < m; ++j) v[j] = v_init[j];
-    for (int64_t i = 0; i < n; ++i) {
-      const double* ci = c + i * m;
-      double umin = ci[0] - v[0];
-      int64_t j1 = 0;
-      for (int64_t j = 1; j < m; ++j) {
-        const double h = ci[j] - v[j];
-        if (h < umin) {
-          umin = h;
-          j1 = j;
-        }
-      }
-      if (y[j1] < 0) {
-        x[i] = j1;
-        y[j1] = i;
-      } else {
-        freerows[numfree++] = i;
-      }
-    }
+    numfree = take_row_minima(c, n, m, v, x, y, freerows);
     warm_kept = 4 * numfree <= n;
     if (!warm_kept) {
       for (int64_t i = 0; i < n; ++i) x[i] = -1;
@@ -197,18 +207,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
       // (u_i = min_j c_ij keeps the duals feasible, and unassigned columns keep price 0, as
       // optimality needs when some columns stay unassigned). Most rows of a wide problem
       // land this way; only the contested ones need augmenting paths.
-      for (int64_t i = 0; i < n; ++i) {
-        const double* ci = c + i * m;
-        int64_t j1 = 0;
-        for (int64_t j = 1; j < m; ++j)
-          if (ci[j] < ci[j1]) j1 = j;
-        if (y[j1] < 0) {
-          x[i] = j1;
-          y[j1] = i;
-        } else {
-          freerows[numfree++] = i;
-        }
-      }
+      numfree = take_row_minima(c, n, m, nullptr, x, y, freerows);
     } else {
       for (int64_t i = 0; i < n; ++i) freerows[numfree++] = i;
     }
