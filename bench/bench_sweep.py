@@ -3,9 +3,10 @@ fused engines, in one process, on the paper ViT and a GPT-2 config.
 
 Variants (all return one metrics dict per lambda; losses are compared to the loop's):
   loop         engine.evaluate_mixtures_loop: per point mix, build a model, evaluate (baseline)
-  fused        engine.evaluate_mixtures_fused (fp32): parameters stacked along K, batched GEMMs
-  fast         sweep.fused.evaluate_mixtures_fast (fp32): per-tensor mixing, batched GEMMs
-  kernel       the same with the Triton lerp_matmul in every linear layer (CUDA only)
+  fused        engine.evaluate_mixtures_fused (fp32, what lf.barrier runs): mixtures stacked along
+               K, batched GEMMs, passes of at most --max-tokens tokens (default: per device)
+  kernel       sweep.fused.evaluate_mixtures_fast with the Triton lerp_matmul in every linear
+               layer (CUDA only)
   *_bf16       the same in bfloat16 (loss error vs the fp32 loop reported)
 
 Repeats are interleaved (round robin over the variants) so that load from other processes
@@ -16,7 +17,7 @@ the same number for every variant, so GFLOP/s compare directly; the CPU peak is 
 
 bf16 on a CPU without native bf16 GEMMs (no AVX-512 BF16 / AMX: oneDNN reports it) is a
 slow fallback: there the bf16 variants run on a small slice of the data (recorded in
-`sizes`) and are compared with fp32 `fast` on that same slice.
+`sizes`) and are compared with fp32 `fused` on that same slice.
 
 Usage: python bench/bench_sweep.py [--device cuda] [--images 256] [--seqs 32] [--repeat 3]
        [--quick] [--out DIR]
@@ -104,8 +105,8 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     flops = args.K * forward_flops(arch, n, tokens, in_feat, classes) / 1e9
     variants = {
         "loop": lambda: evaluate_mixtures_loop([a, b], params, W, data),
-        "fused": lambda: evaluate_mixtures_fused(arch, params, W, data, device=device, chunk=args.chunk),
-        "fast": lambda: evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk, kernel=False),
+        "fused": lambda: evaluate_mixtures_fused(arch, params, W, data, device=device, chunk=args.chunk,
+                                                 max_tokens=args.max_tokens),
     }
     if device.type == "cuda":
         variants["kernel"] = lambda: evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk,
@@ -136,11 +137,10 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     bdata = data if native else [(data[0][0][: args.bf16_slice], data[0][1][: args.bf16_slice])]
     bn = n if native else min(args.bf16_slice, data[0][0].shape[0])
     bflops = args.K * forward_flops(arch, bn, tokens, in_feat, classes) / 1e9
-    bvar = {"fast_fp32": lambda: evaluate_mixtures_fast(arch, params, W, bdata, device=device, chunk=args.chunk, kernel=False),
+    bvar = {"fused_fp32": lambda: evaluate_mixtures_fused(arch, params, W, bdata, device=device, chunk=args.chunk,
+                                                          max_tokens=args.max_tokens),
             "fused_bf16": lambda: evaluate_mixtures_fused(arch, params, W, bdata, device=device, chunk=args.chunk,
-                                                          dtype=torch.bfloat16),
-            "fast_bf16": lambda: evaluate_mixtures_fast(arch, params, W, bdata, device=device, chunk=args.chunk,
-                                                        dtype=torch.bfloat16, kernel=False)}
+                                                          dtype=torch.bfloat16, max_tokens=args.max_tokens)}
     if device.type == "cuda":
         bvar["kernel_bf16"] = lambda: evaluate_mixtures_fast(arch, params, W, bdata, device=device, chunk=args.chunk,
                                                              dtype=torch.bfloat16, kernel=True)
@@ -149,15 +149,15 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
         bvar["loop"] = variants["loop"]
     btimes = interleaved(bvar, args.repeat if native else 1, device)
     bmed = {k: statistics.median(v) for k, v in btimes.items()}
-    ref32 = [r["loss"] for r in bres["fast_fp32"]]
-    bbase_name = "loop" if native else "fast_fp32"
+    ref32 = [r["loss"] for r in bres["fused_fp32"]]
+    bbase_name = "loop" if native else "fused_fp32"
     for name in [k for k in bvar if k.endswith("bf16")]:
         abs_err, rel_err = loss_err(bres[name], ref32)
         bsizes = {**sizes, **({} if native else {"bf16_slice": bn, ("images" if family == "vit" else "sequences"): bn})}
         recs.append(record(
             f"sweep_{family}_{name}", device=device, dtype=torch.bfloat16, sizes=bsizes,
             baseline=("per-lambda loop, fp32" if native else
-                      "fused 'fast' engine in fp32 on the same slice (no native bf16 GEMM on this CPU: "
+                      "fused engine in fp32 on the same slice (no native bf16 GEMM on this CPU: "
                       "the loop at full size is in the fp32 records)"),
             baseline_s=bmed[bbase_name], ours_s=bmed[name], gflops=bflops,
             extra={"variant": name, "gflops": bflops / bmed[name],
@@ -178,7 +178,8 @@ def main(argv=None):
     ap.add_argument("--images", type=int, default=256, help="ViT: random 32x32x3 images")
     ap.add_argument("--seqs", type=int, default=32, help="GPT-2: random sequences of 128 ids")
     ap.add_argument("--batch", type=int, default=512, help="data batch size")
-    ap.add_argument("--chunk", type=int, default=32, help="lambda points per fused pass")
+    ap.add_argument("--chunk", type=int, default=32, help="lambda points per fused pass (at most)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per fused pass (default: per device)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bf16-slice", type=int, default=2, help="images/sequences for bf16 without native bf16 GEMMs")
     ap.add_argument("--models", default="vit,gpt2")

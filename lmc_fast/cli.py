@@ -340,7 +340,8 @@ def cmd_sweep(args, con: Console) -> int:
         raise CLIError("--lambdas: give a count (e.g. 25) or several values in [0, 1]")
     lambdas = args.lambdas if len(args.lambdas) > 1 else int(args.lambdas[0])
     con.log(f"sweeping {len(data)} {args.split} batches of {spec}, space={space}")
-    res = lf.barrier(a, b, data, lambdas=lambdas, space=space, engine=args.engine, progress=not args.quiet)
+    res = lf.barrier(a, b, data, lambdas=lambdas, space=space, engine=args.engine, max_tokens=args.max_tokens,
+                     progress=not args.quiet)
     name = args.name or label
     out = {"kind": "sweep", "a": args.a, "b": args.b, "align": args.align, "space": space, "data": spec,
            "split": args.split, "examples": sum(len(y) for _, y in data), "results": {name: res.to_dict()},
@@ -529,6 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lambdas", type=float, nargs="+", default=[25], help="a count (default 25) or explicit values")
     s.add_argument("--split", choices=["test", "train"], default="test")
     s.add_argument("--engine", choices=["fused", "loop"], default="fused")
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per fused pass (default: 2048 on CPU, 262144 on CUDA)")
     s.add_argument("--name", default=None, help="label of this curve in the JSON/plot")
     s.add_argument("--out", required=True, help="result JSON")
     s.add_argument("--plot", default=None, help="also write a PNG of the curve")

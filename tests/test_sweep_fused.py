@@ -59,3 +59,18 @@ def test_errors():
         evaluate_mixtures_fast(arch, params, [[1.0, 0.0, 0.0]], data)
     with pytest.raises(ValueError, match="no data"):
         evaluate_mixtures_fast(arch, params, [[1.0, 0.0]], [])
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_barrier_reaches_the_kernel_path(kernel):
+    """lf.barrier passes `kernel` through: the Triton path (interpreter here) gives the loop's
+    barrier; on CPU "auto" stays on the batched-GEMM engine."""
+    if kernel and not triton_available("cpu"):
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    a, b, data = _case("gpt2")
+    loop = lf.barrier(a, b, data, 5, space="raw", engine="loop")
+    got = lf.barrier(a, b, data, 5, space="raw", kernel=kernel, max_tokens=20)
+    assert got.loss == pytest.approx(loop.loss, rel=1e-5)
+    assert got.barrier == pytest.approx(loop.barrier, rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="kernel must be"):
+        lf.barrier(a, b, data, 5, space="raw", kernel="sometimes")

@@ -127,9 +127,11 @@ def _use_kernel(kernel, device, n_models: int) -> bool:
 
 @torch.no_grad()
 def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batches=None, progress=None,
-                           dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto") -> list[dict]:
+                           dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto",
+                           max_tokens: int | None = None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N): the same contract as the engines in
-    `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory)."""
+    `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory);
+    `max_tokens` sizes the batched-GEMM engine's passes (see `engine.MAX_TOKENS`)."""
     W = torch.as_tensor(weights, dtype=torch.float64)
     if W.dim() != 2 or W.shape[1] != len(params_list):
         raise ValueError(f"weights must be (K, {len(params_list)}), got shape {tuple(W.shape)}")
@@ -139,7 +141,7 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
     device = torch.device(device)
     if not _use_kernel(kernel, device, N):  # the batched-GEMM engine
         return evaluate_mixtures_fused(arch, params_list, W, data, max_batches=max_batches, progress=progress,
-                                       dtype=dtype, device=device, chunk=chunk)
+                                       dtype=dtype, device=device, chunk=chunk, max_tokens=max_tokens)
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]

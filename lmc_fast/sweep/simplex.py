@@ -11,7 +11,8 @@ from .interpolate import models_params
 
 
 def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, space: str = "canonical",
-            engine: str = "fused", max_batches: int | None = None, chunk: int = 32) -> dict:
+            engine: str = "fused", max_batches: int | None = None, chunk: int = 32,
+            max_tokens: int | None = None) -> dict:
     """Evaluate the centroid, every model, and `n` Dirichlet(alpha) mixtures. "excess" is a
     point's loss minus the same mixture of the models' own losses; the worst sample is the
     one with the largest excess. JSON-ready."""
@@ -31,7 +32,7 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
     else:
         p0 = next(models[0].parameters())
         res = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, dtype=p0.dtype,
-                                      device=p0.device, chunk=chunk)
+                                      device=p0.device, chunk=chunk, max_tokens=max_tokens)
     own = torch.tensor([r["loss"] for r in res[:N]], dtype=torch.float64)
     own_acc = torch.tensor([r["acc"] for r in res[:N]], dtype=torch.float64)
     rows = []
