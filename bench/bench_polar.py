@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_time, print_table, record, write_results  # noqa: E402
+from common import matmul_peak, median_time, print_table, record, write_results  # noqa: E402
 
 import lmc_fast.kernels as K  # noqa: E402
 import lmc_fast.kernels._ext  # noqa: E402,F401
@@ -21,6 +21,24 @@ polar_mod = importlib.import_module("lmc_fast.kernels.polar")
 def torch_polar(M):
     U, _, Vh = torch.linalg.svd(M)
     return U @ Vh
+
+
+def nominal_flops(ext, M: torch.Tensor, what: str, method: str) -> dict:
+    """Operation counts of our CPU kernels on this batch, from the iterations they report:
+    Newton polar, 2 n^3 + 4 n^2 per iteration (a Gauss-Jordan inverse, the update, a
+    transpose); one-sided Jacobi SVD, 9 n^2 (n - 1) per sweep (three dot products and two
+    column rotations, of A and of V, for each of the n (n - 1) / 2 pairs)."""
+    arr = M.numpy()
+    n = M.shape[-1]
+    if what == "polar":
+        sweeps = ext.polar_svd(arr, False, False, True, method="newton")[4].astype("int64")
+        iters = -sweeps[sweeps < 0]
+        jacobi = sweeps[sweeps > 0]
+        flops = iters.sum() * (2 * n**3 + 4 * n**2) + jacobi.sum() * 9 * n**2 * (n - 1)
+        return {"gflop": float(flops) / 1e9, "newton_iterations_mean": float(iters.mean()) if iters.size else None,
+                "jacobi_fallbacks": int(jacobi.size)}
+    sweeps = ext.polar_svd(arr, True, True, False)[4].astype("int64")
+    return {"gflop": float(sweeps.sum() * 9 * n**2 * (n - 1)) / 1e9, "jacobi_sweeps_mean": float(sweeps.mean())}
 
 
 def main(argv=None):
@@ -40,6 +58,9 @@ def main(argv=None):
     if args.quick:
         cases = cases[:3]
     dtypes = [torch.float32, torch.float64]
+    # Ours computes in double whatever the input dtype: the float64 matmul peak (at the same
+    # thread count) is the yardstick for both.
+    peak64 = matmul_peak(dev, torch.float64, 1024) if dev.type == "cpu" else None
     recs = []
     for n, B in cases:
         for dtype in dtypes:
@@ -72,11 +93,16 @@ def main(argv=None):
             for what, method, ours, base, base_name in kinds:
                 t_ours, _ = median_time(ours, repeat=rep, device=dev)
                 t_base, _ = median_time(base, repeat=rep, device=dev)
+                work = nominal_flops(ext, M, what, method) if dev.type == "cpu" else {}
+                if work:
+                    work["fraction_of_fp64_peak"] = work["gflop"] / t_ours / peak64
+                    work["gflops"] = work["gflop"] / t_ours
                 recs.append(record(
                     f"{what}_{suffix}-{method}", device=dev, dtype=dtype, sizes={"B": B, "n": n},
                     baseline=base_name, baseline_s=t_base, ours_s=t_ours,
                     extra={"method": method, "ours_threads": threads or "default",
                            "default_route": polar_mod._route(M, polar_only=what == "polar"),
+                           **work, **({"fp64_matmul_peak_gflops": peak64} if work else {}),
                            **({"polar_max_abs_err_vs_fp64": err} if what == "polar" else {})}))
             print_table(recs[-len(kinds):])
     path = write_results("polar" + (f"_{args.threads}thread" if args.threads > 0 else ""), recs, dev)

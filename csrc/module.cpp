@@ -93,9 +93,12 @@ py::tuple svd_impl(py::array arr, bool want_uv, bool want_s, bool want_p, double
 #endif
       for (int64_t b = 0; b < B; ++b) {
         const size_t off = (size_t)b * n * n;
-        if (newton && lmc::polar_newton_one<T>(src + off, n, p + off, work.data(), iwork.data())) {
-          sw[b] = 0;  // no Jacobi sweeps: the Newton iteration converged
-          continue;
+        if (newton) {
+          const int iters = lmc::polar_newton_one<T>(src + off, n, p + off, work.data(), iwork.data());
+          if (iters > 0) {
+            sw[b] = -iters;  // converged: minus the Newton iterations, no Jacobi sweeps
+            continue;
+          }
         }
         sw[b] = lmc::svd_jacobi_one<T>(src + off, n, u ? u + off : nullptr,
                                        s ? s + (size_t)b * n : nullptr, vh ? vh + off : nullptr,
@@ -304,8 +307,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tol") = 0.0, py::arg("max_sweeps") = 60, py::arg("num_threads") = 0,
       py::arg("method") = "jacobi",
       "General entry: returns (U, S, Vh, P, sweeps); unrequested outputs are None.\n"
-      "method='newton' applies to the polar-only request (want_p alone); sweeps is 0 where\n"
-      "the Newton iteration converged.");
+      "method='newton' applies to the polar-only request (want_p alone); sweeps holds minus the\n"
+      "Newton iterations where that converged, else the Jacobi sweeps of the fallback.");
   m.def("linear_assignment", &linear_assignment, py::arg("C"), py::arg("maximize") = true,
         py::arg("num_threads") = 0, py::arg("init_level") = 1, py::arg("duals") = py::none(),
         py::arg("return_duals") = false,

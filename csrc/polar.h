@@ -20,11 +20,12 @@ int svd_jacobi_one(const T* M, int64_t n, T* U, T* S, T* Vh, T* P, double tol, i
                    double* work /* size >= polar_work_size(n) */, int64_t* iwork /* size >= n */);
 
 // Orthogonal polar factor P (n x n) of a well-conditioned M by the scaled Newton iteration in
-// double (polar_newton.cpp). Returns false, leaving P unspecified, for numerically
-// singular input or no convergence; callers then fall back to svd_jacobi_one.
+// double (polar_newton.cpp). Returns the number of iterations (each one n x n Gauss-Jordan
+// inverse), or 0, leaving P unspecified, for numerically singular input or no convergence;
+// callers then fall back to svd_jacobi_one.
 // work: >= 2 n^2 doubles (polar_work_size is enough); iwork: >= n.
 template <typename T>
-bool polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork);
+int polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork);
 
 // Number of doubles svd_jacobi_one needs as work space.
 inline int64_t polar_work_size(int64_t n) { return 4 * n * n + 6 * n + 16; }

@@ -6,7 +6,7 @@
 // n^3 Gauss-Jordan inverse: about 16 n^3 flops against ~50 n^3 for a Jacobi SVD that
 // accumulates V. Numerically rank-deficient inputs (Frobenius condition number above 1e6
 // for float32, 1e12 for float64, or a pivot below 1e-11 of the largest entry) and the rare
-// input that does not converge return false; the caller then uses the Jacobi SVD, which
+// input that does not converge return 0; the caller then uses the Jacobi SVD, which
 // defines the rank-deficient behaviour.
 #include "polar.h"
 
@@ -65,14 +65,14 @@ static double frob2(const double* A, int64_t n2) {
 }
 
 template <typename T>
-bool polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork) {
+int polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork) {
   const int64_t n2 = n * n;
   double* X = work;        // current iterate
   double* Y = work + n2;   // X^T, inverted in place into X^{-T} (so the update reads rows)
   for (int64_t k = 0; k < n2; ++k) X[k] = (double)M[k];
   // Scale to unit Frobenius norm first (exact up to rounding; the polar factor is scale free).
   const double f0 = std::sqrt(frob2(X, n2));
-  if (!(f0 > 0) || !std::isfinite(f0)) return false;
+  if (!(f0 > 0) || !std::isfinite(f0)) return 0;
   for (int64_t k = 0; k < n2; ++k) X[k] /= f0;
   const int max_iter = 20;
   // Byers-Xu scaling: from bounds alpha >= sigma_max and beta <= sigma_min of the input
@@ -84,13 +84,13 @@ bool polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork)
   for (int it = 0; it < max_iter; ++it) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n; ++j) Y[j * n + i] = X[i * n + j];
-    if (!invert_gauss_jordan(Y, n, iwork, 1e-11)) return false;
+    if (!invert_gauss_jordan(Y, n, iwork, 1e-11)) return 0;
     double mu;
     if (it == 0) {
       beta = 1.0 / std::sqrt(frob2(Y, n2));
       // Frobenius condition number (>= the 2-norm one): above ~1/sqrt(eps of T) the input is
       // rank deficient for practical purposes; the Jacobi path defines that case.
-      if (!(alpha / beta < (sizeof(T) == 4 ? 1e6 : 1e12))) return false;
+      if (!(alpha / beta < (sizeof(T) == 4 ? 1e6 : 1e12))) return 0;
       mu = 1.0 / std::sqrt(alpha * beta);
     } else if (it == 1) {
       mu = std::sqrt(2.0 * std::sqrt(alpha * beta) / (alpha + beta));
@@ -113,13 +113,13 @@ bool polar_newton_one(const T* M, int64_t n, T* P, double* work, int64_t* iwork)
     // ~5e-9 (below float32 rounding) and 1e-8 leaves ~5e-17 for double output.
     if (rel < (sizeof(T) == 4 ? 1e-4 : 1e-8)) {
       for (int64_t k = 0; k < n2; ++k) P[k] = (T)X[k];
-      return true;
+      return it + 1;
     }
   }
-  return false;
+  return 0;
 }
 
-template bool polar_newton_one<float>(const float*, int64_t, float*, double*, int64_t*);
-template bool polar_newton_one<double>(const double*, int64_t, double*, double*, int64_t*);
+template int polar_newton_one<float>(const float*, int64_t, float*, double*, int64_t*);
+template int polar_newton_one<double>(const double*, int64_t, double*, double*, int64_t*);
 
 }  // namespace lmc

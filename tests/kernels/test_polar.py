@@ -114,7 +114,7 @@ def test_newton_polar_matches_jacobi_and_reference(n, dtype):
     M = torch.randn(6, n, n, generator=torch.Generator().manual_seed(n), dtype=dtype)
     _, _, _, P, sweeps = get_ext().polar_svd(M.numpy(), False, False, True, method="newton")
     P = torch.from_numpy(P)
-    assert (sweeps == 0).all()
+    assert (sweeps < 0).all() and (sweeps >= -20).all()  # minus the Newton iterations
     cond = torch.linalg.cond(M.double())
     tol = 1e-5 if dtype == torch.float32 else 1e-15 * cond.max().item() * n
     assert (P.double() - _ref64(M)[3]).abs().max().item() < tol
@@ -133,7 +133,7 @@ def test_newton_polar_falls_back_to_jacobi_when_singular(dtype):
     low = (torch.randn(2, n, 3, generator=g, dtype=torch.float64) @ torch.randn(2, 3, n, generator=g, dtype=torch.float64))
     M = torch.cat([low, _well_conditioned(2, n, torch.float64, seed=6)]).to(dtype)
     _, _, _, P, sweeps = get_ext().polar_svd(M.numpy(), False, False, True, method="newton")
-    assert (sweeps[:2] > 0).all() and (sweeps[2:] == 0).all()
+    assert (sweeps[:2] > 0).all() and (sweeps[2:] < 0).all()
     np.testing.assert_array_equal(P[:2], get_ext().polar(M[:2].numpy(), method="jacobi"))
     assert _orth_err(torch.from_numpy(P)) < (1e-5 if dtype == torch.float32 else 1e-12)
     with pytest.raises(ValueError, match="method"):
