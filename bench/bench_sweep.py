@@ -7,6 +7,7 @@ Variants (all return one metrics dict per lambda; losses are compared to the loo
                K, batched GEMMs, passes of at most --max-tokens tokens (default: per device)
   kernel       sweep.fused.evaluate_mixtures_fast with the Triton lerp_matmul in every linear
                layer (CUDA only)
+  *_tf32       the same with TF32 tensor-core GEMMs (CUDA only; loss error vs the fp32 loop reported)
   *_bf16       the same in bfloat16 (loss error vs the fp32 loop reported)
 
 Repeats are interleaved (round robin over the variants) so that load from other processes
@@ -37,7 +38,7 @@ from common import matmul_peak, print_table, record, sync, write_results  # noqa
 
 import lmc_fast as lf  # noqa: E402
 from lmc_fast.sweep.engine import evaluate_mixtures_fused, evaluate_mixtures_loop  # noqa: E402
-from lmc_fast.sweep.fused import bf16_fast_here, evaluate_mixtures_fast  # noqa: E402
+from lmc_fast.sweep.fused import bf16_fast_here, evaluate_mixtures_fast, matmul_tf32  # noqa: E402
 from lmc_fast.sweep.interpolate import models_params  # noqa: E402
 
 
@@ -111,6 +112,14 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     if device.type == "cuda":
         variants["kernel"] = lambda: evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk,
                                                             kernel=True)
+
+        def tf32(kernel):
+            with matmul_tf32(True):
+                return evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk,
+                                              kernel=kernel, max_tokens=args.max_tokens)
+
+        variants["fused_tf32"] = lambda: tf32(False)  # fp32 storage, TF32 tensor-core GEMMs
+        variants["kernel_tf32"] = lambda: tf32(True)
     results = {k: fn() for k, fn in variants.items()}  # also the warm-up
     times = interleaved(variants, args.repeat, device)
     med = {k: statistics.median(v) for k, v in times.items()}

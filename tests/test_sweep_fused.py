@@ -74,3 +74,23 @@ def test_barrier_reaches_the_kernel_path(kernel):
     assert got.barrier == pytest.approx(loop.barrier, rel=1e-4, abs=1e-6)
     with pytest.raises(ValueError, match="kernel must be"):
         lf.barrier(a, b, data, 5, space="raw", kernel="sometimes")
+
+
+def test_tf32_switch_is_scoped_to_the_call():
+    """barrier(tf32=...) sets the CUDA matmul precision only inside the call (no effect on the
+    numbers on CPU) and restores the global flags, also when the call fails."""
+    from lmc_fast.sweep.fused import matmul_tf32
+
+    a, b, data = _case("vit")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    ref = lf.barrier(a, b, data, 3, space="raw")
+    for flag in (True, False):
+        got = lf.barrier(a, b, data, 3, space="raw", tf32=flag)
+        if not torch.cuda.is_available():
+            assert got.loss == ref.loss
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    with pytest.raises(RuntimeError, match="boom"):
+        with matmul_tf32(not before[0]):
+            assert torch.backends.cuda.matmul.allow_tf32 == (not before[0])
+            raise RuntimeError("boom")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before

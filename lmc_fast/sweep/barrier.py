@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from .batches import reiterable
 from .engine import evaluate_mixtures_loop
-from .fused import evaluate_mixtures_fast
+from .fused import evaluate_mixtures_fast, matmul_tf32
 from .interpolate import models_params
 
 
@@ -67,7 +67,8 @@ def lambda_grid(lambdas) -> list[float]:
 
 def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
             max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
-            max_tokens: int | None = None, kernel="auto", progress: bool = False) -> BarrierResult:
+            max_tokens: int | None = None, kernel="auto", tf32: bool | None = None,
+            progress: bool = False) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
 
     `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
@@ -76,7 +77,8 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     about `max_tokens` tokens a pass, default per device); `kernel` picks the Triton
     lerp-inside-the-GEMM path on CUDA ("auto": where benchmarks made it the default);
     `engine="loop"` is the per-lambda baseline. `dtype=torch.bfloat16` runs the fused
-    passes in bf16 (metrics in float64; pays off only with native bf16 GEMMs).
+    passes in bf16 (metrics in float64; pays off only with native bf16 GEMMs); `tf32=True`
+    lets fp32 sweeps on CUDA use TF32 tensor cores (None: the global torch setting).
     """
     import time
 
@@ -95,9 +97,10 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
         results = evaluate_mixtures_loop([model_a, model_b], params, weights, data, max_batches, bar)
     elif engine == "fused":
         p0 = next(model_a.parameters())
-        results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
-                                         dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
-                                         kernel=kernel, max_tokens=max_tokens)
+        with matmul_tf32(tf32):
+            results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
+                                             dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
+                                             kernel=kernel, max_tokens=max_tokens)
     else:
         raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
     if bar is not None:

@@ -22,6 +22,7 @@ the CPU has them; without them PyTorch's CPU bf16 GEMM is a slow fallback.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -33,7 +34,8 @@ from . import functional as Fn
 from .batches import limited
 from .engine import accumulate, evaluate_mixtures_fused, mix_params, results  # noqa: F401  (mix_params re-exported)
 
-__all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "KERNEL_DEFAULT_ON_CUDA"]
+__all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "matmul_tf32",
+           "KERNEL_DEFAULT_ON_CUDA"]
 
 #: Whether kernel="auto" uses the Triton lerp_matmul path on CUDA. Off until a CUDA run of
 #: bench/bench_sweep.py shows the kernel path faster than mixing + cuBLAS (no GPU run yet).
@@ -67,9 +69,10 @@ def _lin(x, pa, pb, lam, name, has_bias=True):
 
     w = name + ".weight"
     b = name + ".bias"
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # one switch for cuBLAS and the kernel
     if has_bias and b in pa:
-        return lerp_matmul(x, pa[w], pb[w], lam, pa[b], pb[b])
-    return lerp_matmul(x, pa[w], pb[w], lam)
+        return lerp_matmul(x, pa[w], pb[w], lam, pa[b], pb[b], allow_tf32=tf32)
+    return lerp_matmul(x, pa[w], pb[w], lam, allow_tf32=tf32)
 
 
 def _norm(arch: Arch, x, pa, pb, lam, name):
@@ -102,6 +105,21 @@ def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torc
         h = h[:, :, 0]
     h = _norm(arch, h, pa, pb, lam, "ln_f")
     return _lin(h, pa, pb, lam, arch.head_name)
+
+
+@contextlib.contextmanager
+def matmul_tf32(enabled: bool | None):
+    """Within the block, CUDA fp32 GEMMs (cuBLAS and the lerp_matmul kernel) use TF32 tensor
+    cores when `enabled`, IEEE fp32 when not; None leaves the global setting. No effect on CPU."""
+    if enabled is None:
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _use_kernel(kernel, device, n_models: int) -> bool:
