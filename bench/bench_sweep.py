@@ -216,7 +216,7 @@ def main(argv=None):
         recs += out
     for r in recs:
         r["peak_matmul_n"] = peak_n
-    path = write_results("sweep", recs, device, out=args.out)
+    path = write_results("sweep_quick" if args.quick else "sweep", recs, device, out=args.out)
     print(f"wrote {path}")
     print_table(recs)
     return 0
