@@ -14,6 +14,7 @@ import torch
 from .. import kernels
 from ..symmetry.elements import householder_basis
 from ..symmetry.spec import Group, Spec
+from .solve import solve_permutations
 
 NS_STEPS = 10
 
@@ -44,11 +45,7 @@ def permutation_ste(latent: torch.Tensor, warm: dict | None = None) -> tuple[tor
     """(G, n, n) latents -> hard permutation matrices with identity gradient, and the perms.
     `warm` (a dict kept between steps) holds the assignment's column prices: one optimiser
     step moves the latents a little, so the next solve starts from the last one's prices."""
-    if warm is None:
-        perm = kernels.linear_assignment(latent.detach(), maximize=True)
-    else:
-        perm, warm["duals"] = kernels.linear_assignment(latent.detach(), maximize=True, duals=warm.get("duals"),
-                                                        return_duals=True)
+    perm = solve_permutations(latent.detach(), warm, "duals")
     hard = torch.zeros_like(latent).scatter_(-1, perm.unsqueeze(-1), 1.0)
     return hard + (latent - latent.detach()), perm
 
