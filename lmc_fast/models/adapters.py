@@ -8,7 +8,8 @@ only place that knows a concrete class (Hugging Face's Conv1D layout, fused c_at
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
@@ -20,6 +21,17 @@ from .vit import ViT
 
 class UnsupportedModelError(TypeError):
     """The model (or one of its modules/settings) has no adapter."""
+
+
+class IncompatibleModelsError(ValueError):
+    """Two models that cannot be combined: an architecture field differs."""
+
+
+FAMILIES = ("vit", "gpt2")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_tanh")
+# Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
+MAX_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,31 @@ class Arch:
     def head_has_bias(self) -> bool:
         return self.family == "vit"
 
+    @classmethod
+    def from_dict(cls, d) -> "Arch":
+        """An Arch from untrusted data (a file header): every field present, known and sane."""
+        if not isinstance(d, dict):
+            raise ValueError(f"arch must be an object, got {type(d).__name__}")
+        names = [f.name for f in fields(cls)]
+        missing, extra = [n for n in names if n not in d], sorted(set(d) - set(names))
+        if missing:
+            raise ValueError(f"arch lacks fields {missing}")
+        if extra:
+            raise ValueError(f"arch has unknown fields {extra}")
+        for key in ("n_layer", "d_model", "n_head", "d_mlp"):
+            v = d[key]
+            if type(v) is not int or not 1 <= v <= MAX_SIZE:
+                raise ValueError(f"arch {key} is {v!r}: must be an integer in [1, {MAX_SIZE}]")
+        if d["d_model"] % d["n_head"]:
+            raise ValueError(f"arch d_model {d['d_model']} is not divisible by n_head {d['n_head']}")
+        for key, allowed in (("family", FAMILIES), ("norm", NORMS), ("activation", ACTIVATIONS)):
+            if d[key] not in allowed:
+                raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
+        eps = d["eps"]
+        if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
+            raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
+        return cls(**{n: d[n] for n in names})
+
 
 class Adapter:
     """Maps one model class to standard parameters and back."""
@@ -63,6 +100,19 @@ class Adapter:
 
     def arch(self, model) -> Arch:
         raise NotImplementedError
+
+    def config_fields(self, model) -> dict:
+        """Every config field that shapes the model's function, under the class's own names
+        (compared between two models of one class)."""
+        raise NotImplementedError
+
+    def shape_fields(self, model) -> dict:
+        """Input / output sizes under class-independent names (compared across classes)."""
+        raise NotImplementedError
+
+    def common_fields(self, model) -> dict:
+        """Class-independent description: the Arch plus the input / output sizes."""
+        return {**asdict(self.arch(model)), **self.shape_fields(model)}
 
     def get(self, model) -> dict[str, torch.Tensor]:
         """Standard parameters (detached clones)."""
@@ -101,6 +151,14 @@ class RefViTAdapter(Adapter):
         c = model.config
         return Arch("vit", c.n_layer, c.d_model, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
 
+    def config_fields(self, model):
+        return asdict(model.config)
+
+    def shape_fields(self, model):
+        c = model.config
+        return {"image_size": c.image_size, "patch_size": c.patch_size, "channels": c.channels,
+                "num_classes": c.num_classes}
+
     def get(self, model):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -112,6 +170,16 @@ class RefGPT2Adapter(Adapter):
     def arch(self, model):
         c = model.config
         return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
+
+    def config_fields(self, model):
+        # tied or not is free: standard parameters always hold lm_head.weight, and build()
+        # re-ties exactly when the two matrices come out equal
+        out = asdict(model.config)
+        out.pop("tie_word_embeddings", None)
+        return out
+
+    def shape_fields(self, model):
+        return {"vocab_size": model.config.vocab_size, "context": model.config.block_size}
 
     def get(self, model):
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -151,6 +219,20 @@ class HFGPT2Adapter(Adapter):
             raise UnsupportedModelError(f"GPT2LMHeadModel activation_function={c.activation_function!r} is not supported")
         d_mlp = c.n_inner or 4 * c.n_embd
         return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, d_mlp, "layernorm", c.layer_norm_epsilon, act)
+
+    # every GPT2Config field that changes shapes or the forward pass (not dropout, not ids)
+    FIELDS = ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions", "layer_norm_epsilon",
+              "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+              "reorder_and_upcast_attn", "add_cross_attention")
+
+    def config_fields(self, model):
+        c = model.config
+        out = {k: getattr(c, k, None) for k in self.FIELDS}
+        out["n_inner"] = c.n_inner or 4 * c.n_embd  # None means 4 * n_embd
+        return out
+
+    def shape_fields(self, model):
+        return {"vocab_size": model.config.vocab_size, "context": model.config.n_positions}
 
     def get(self, model):
         sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -242,6 +324,17 @@ class HFViTAdapter(Adapter):
         return Arch("vit", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size,
                     "layernorm", c.layer_norm_eps, act)
 
+    FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "layer_norm_eps",
+              "hidden_act", "image_size", "patch_size", "num_channels", "num_labels", "qkv_bias")
+
+    def config_fields(self, model):
+        return {k: getattr(model.config, k, None) for k in self.FIELDS}
+
+    def shape_fields(self, model):
+        c = model.config
+        return {"image_size": c.image_size, "patch_size": c.patch_size, "channels": c.num_channels,
+                "num_classes": c.num_labels}
+
     def get(self, model):
         sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
         d = model.config.hidden_size
@@ -295,6 +388,39 @@ def adapter_for(model) -> Adapter:
         f"cannot map module {cls.__module__}.{cls.__name__}: supported are lmc_fast.models.ViT, "
         "lmc_fast.models.GPT2, transformers.GPT2LMHeadModel and transformers.ViTForImageClassification"
     )
+
+
+MLP_RULES = ("narrower", "any", "equal")
+
+
+def check_compatible(model_a, model_b, what: str = "model_b", ref: str = "model_a", mlp: str = "narrower"):
+    """Raise IncompatibleModelsError naming the first architecture field in which `model_b`
+    differs from `model_a` ("model_b does not fit: patch_size is 2, model_a has 4").
+
+    Models of one class are compared on every config field that shapes their function (GPT-2's
+    tie_word_embeddings may differ); models of different supported classes on the Arch plus
+    input / output sizes. The MLP width may differ as `mlp` says: "narrower" (model_b may be
+    narrower: it is zero-padded, as in `align`), "any" (the caller pads every model to the
+    widest, as `merge_many` does) or "equal"."""
+    if mlp not in MLP_RULES:
+        raise ValueError(f"mlp must be one of {MLP_RULES}, got {mlp!r}")
+    ad_a, ad_b = adapter_for(model_a), adapter_for(model_b)
+    if type(model_a) is type(model_b):
+        fa, fb, width = ad_a.config_fields(model_a), ad_b.config_fields(model_b), ad_a.mlp_width_field
+    else:
+        fa, fb, width = ad_a.common_fields(model_a), ad_b.common_fields(model_b), "d_mlp"
+    for key, want in fa.items():
+        got = fb.get(key)
+        if key != width and got != want:
+            raise IncompatibleModelsError(f"{what} does not fit: {key} is {got!r}, {ref} has {want!r}")
+    wa, wb = fa[width], fb[width]
+    if wb == wa or mlp == "any" or (mlp == "narrower" and wb < wa):
+        return
+    if mlp == "narrower":
+        raise IncompatibleModelsError(
+            f"{what} has a wider MLP ({width} is {wb}, {ref} has {wa}): use the wider model as the reference "
+            "(swap the two), or widen the reference with lmc_fast.models.pad_mlp")
+    raise IncompatibleModelsError(f"{what} does not fit: {width} is {wb!r}, {ref} has {wa!r}")
 
 
 def standard_params(model):
