@@ -8,11 +8,23 @@ An element is a dict of tensors, by group kind:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .spec import Axis, Group, Spec
 
 Element = dict[str, torch.Tensor]
+
+# ||Q^T Q - I||_max allowed for an orthogonal map stored in each dtype (float32 rounding of an
+# exactly orthogonal d <= 4096 matrix stays well below 1e-5; float64 below 1e-12).
+ORTHOGONAL_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+# Invertible head maps above this condition number amplify rounding into a changed function.
+MAX_CONDITION = 1e8
+
+
+class InvalidAlignmentError(ValueError):
+    """An alignment element (or file) that is not a valid group element."""
 
 
 def householder_basis(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -69,6 +81,140 @@ def random_element(group: Group, generator=None, dtype=torch.float64) -> Element
     H, dh = group.n_heads, group.head_dim
     return {"perm": torch.randperm(H, generator=generator),
             "qk": maker(dh, generator, dtype, batch=(H,)), "vo": maker(dh, generator, dtype, batch=(H,))}
+
+
+# ------------------------------------------------------------------ validation
+def expected_shapes(group: Group) -> dict[str, tuple[int, ...]]:
+    """The entries of an element of `group` and their shapes."""
+    if group.kind == "permutation":
+        return {"perm": (group.size,)}
+    if group.kind == "orthogonal":
+        return {"matrix": (group.size, group.size)}
+    H, dh = group.n_heads, group.head_dim
+    return {"perm": (H,), "qk": (H, dh, dh), "vo": (H, dh, dh)}
+
+
+def _fail(group: Group, message: str):
+    raise InvalidAlignmentError(f"group {group.name!r}: {message}")
+
+
+def _check_entries(group: Group, el) -> None:
+    if not isinstance(el, dict):
+        _fail(group, f"element must be a dict of tensors, got {type(el).__name__}")
+    want = expected_shapes(group)
+    missing, extra = sorted(set(want) - set(el)), sorted(set(el) - set(want))
+    if missing:
+        _fail(group, f"{group.kind} element lacks {missing}")
+    if extra:
+        _fail(group, f"{group.kind} element has unexpected entries {extra}")
+    for key, shape in want.items():
+        t = el[key]
+        if not isinstance(t, torch.Tensor):
+            _fail(group, f"{key!r} must be a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            _fail(group, f"{key!r} has shape {tuple(t.shape)}, expected {shape}")
+
+
+def _check_permutation(group: Group, key: str, perm: torch.Tensor) -> None:
+    """An integer bijection of range(n) (the spec's groups are square: a narrower model is
+    zero-padded first, so a semi-permutation is stored as a full one)."""
+    if perm.dtype == torch.bool or perm.is_floating_point() or perm.is_complex():
+        _fail(group, f"permutation {key!r} must hold integers, got {perm.dtype}")
+    n = perm.numel()
+    if n == 0:
+        return
+    lo, hi = int(perm.min()), int(perm.max())
+    if lo < 0:
+        _fail(group, f"permutation {key!r} holds negative index {lo}")
+    if hi >= n:
+        _fail(group, f"permutation {key!r} holds index {hi}, out of range for size {n}")
+    counts = torch.bincount(perm.reshape(-1).long(), minlength=n)
+    if (counts != 1).any():
+        dup = int(torch.argmax(counts))
+        _fail(group, f"permutation {key!r} is not a bijection: index {dup} appears {int(counts[dup])} times")
+
+
+def _check_float(group: Group, key: str, t: torch.Tensor) -> None:
+    if t.dtype not in ORTHOGONAL_TOLERANCE:
+        _fail(group, f"{key!r} must be float32 or float64, got {t.dtype}")
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        _fail(group, f"{key!r} holds {int(bad.sum())} NaN or inf values")
+
+
+def _worst(errors: torch.Tensor) -> tuple[float, str]:
+    """The largest per-map error and, for a batch of head maps, which head it is."""
+    flat = errors.reshape(-1)
+    i = int(torch.argmax(flat))
+    return float(flat[i]), (f" (head {i})" if errors.dim() > 0 else "")
+
+
+def _check_orthogonal(group: Group, key: str, M: torch.Tensor, centred: bool = False) -> None:
+    """Q^T Q = I (and R 1 = 1 for the centred residual group), measured in float64."""
+    tol = ORTHOGONAL_TOLERANCE[M.dtype]
+    Q = M.to(torch.float64)
+    eye = torch.eye(Q.shape[-1], dtype=Q.dtype, device=Q.device)
+    err, where = _worst((Q.transpose(-1, -2) @ Q - eye).abs().amax(dim=(-2, -1)))
+    if not err <= tol:
+        _fail(group, f"{key!r} is not orthogonal{where}: max|Q^T Q - I| = {err:.3g} > {tol:g}")
+    if centred:
+        ones = torch.ones(Q.shape[-1], dtype=Q.dtype, device=Q.device)
+        err, _ = _worst((Q @ ones - ones).abs().amax(dim=-1))
+        if not err <= tol:
+            _fail(group, f"{key!r} does not keep the all-ones direction (LayerNorm residual): "
+                         f"max|R 1 - 1| = {err:.3g} > {tol:g}")
+
+
+def _check_invertible(group: Group, key: str, M: torch.Tensor) -> None:
+    s = torch.linalg.svdvals(M.to(torch.float64))
+    cond = torch.where(s[..., -1] > 0, s[..., 0] / s[..., -1], torch.full_like(s[..., 0], math.inf))
+    worst, where = _worst(cond)
+    if not worst < MAX_CONDITION:
+        _fail(group, f"{key!r} is singular or ill-conditioned{where}: condition number {worst:.3g} "
+                     f">= {MAX_CONDITION:g}")
+
+
+def validate(group: Group, el: Element) -> None:
+    """Raise InvalidAlignmentError (naming the group, the problem and the measured number)
+    unless `el` is an element of `group`: right entries and shapes, permutations that are
+    bijections, orthogonal maps orthogonal to the dtype's tolerance, invertible maps finite
+    and well conditioned. Each check is batched over heads."""
+    _check_entries(group, el)
+    if group.kind == "permutation":
+        _check_permutation(group, "perm", el["perm"])
+        return
+    if group.kind == "orthogonal":
+        _check_float(group, "matrix", el["matrix"])
+        _check_orthogonal(group, "matrix", el["matrix"], centred=group.centred)
+        return
+    _check_permutation(group, "perm", el["perm"])
+    for key in ("qk", "vo"):
+        _check_float(group, key, el[key])
+        if group.head_map == "orthogonal":
+            _check_orthogonal(group, key, el[key])
+        else:
+            _check_invertible(group, key, el[key])
+
+
+def _nearest_orthogonal(M: torch.Tensor) -> torch.Tensor:
+    U, _, Vh = torch.linalg.svd(M)
+    return U @ Vh
+
+
+def snap(group: Group, el: Element) -> Element:
+    """`el` moved onto the group in float64 (nearest orthogonal maps, keeping R 1 = 1 where
+    the group is centred): for elements computed in float32, e.g. by learned matching."""
+    out = {k: (v.long() if k == "perm" else v.to(torch.float64)) for k, v in el.items()}
+    if group.kind == "orthogonal":
+        M = out["matrix"]
+        if group.centred:
+            Q = householder_basis(M.shape[0], M.dtype, M.device)
+            out["matrix"] = centred_orthogonal(_nearest_orthogonal((Q @ M @ Q)[1:, 1:]))
+        else:
+            out["matrix"] = _nearest_orthogonal(M)
+    elif group.kind == "heads" and group.head_map == "orthogonal":
+        out["qk"], out["vo"] = _nearest_orthogonal(out["qk"]), _nearest_orthogonal(out["vo"])
+    return out
 
 
 def _dual(group: Group, M: torch.Tensor) -> torch.Tensor:
