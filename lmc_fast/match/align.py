@@ -1,9 +1,10 @@
 """`align(model_a, model_b, method=...)`: the one entry point over every matching method."""
 from __future__ import annotations
 
-from ..models.adapters import adapter_for, standard_params
+from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..models.resize import widen_mlp_to
-from ..symmetry import Alignment, check_same_arch, prepare_params, spec_for
+from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
+from ..symmetry import elements as E
 from ..sweep.batches import reiterable
 
 METHODS = ("weight", "permutation", "activation", "learned")
@@ -18,6 +19,7 @@ def _progress(enabled: bool, desc: str, total=None):
 
 
 def params_pair(model_a, model_b, space: str):
+    check_compatible(model_a, model_b, mlp="equal")  # every config field, not only the Arch
     arch_a, raw_a = standard_params(model_a)
     arch_b, raw_b = standard_params(model_b)
     check_same_arch(arch_a, arch_b, "model_b")
@@ -45,6 +47,16 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
+    # fingerprints of the models as passed (before widening): `verify_models` checks them later
+    fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}
+    al = _match(model_a, model_b, method, data, seed=seed, max_iter=max_iter, tol=tol, order=order,
+                max_batches=max_batches, progress=progress, **learned_kw)
+    al.info.update(fingerprints)
+    return al
+
+
+def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_batches, progress, **learned_kw):
     # A narrower MLP in B is zero-padded to A's width (function-preserving); the assignment
     # then leaves the zero units on A's unmatched units (models/resize.py).
     model_b = widen_mlp_to(adapter_for(model_a).arch(model_a), model_b)
@@ -70,7 +82,10 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
     else:
         from .learned import learned_matching
 
-        return learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
+        al = learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
+        # learned maps are float32-accurate: move them onto the group in float64 so that they
+        # pass validation (1e-10) and compose / invert exactly
+        return Alignment(al.spec, {n: E.snap(g, al.elements[n]) for n, g in al.spec.groups.items()}, al.info)
     if bar is not None:
         bar.close()
     return Alignment(spec, elements, info)

@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from ..models.adapters import adapter_for
+from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_all
 from ..symmetry import Alignment
 from .align import align, params_pair
@@ -34,6 +34,8 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     """
     if len(models) < 2:
         raise ValueError("merge_many needs at least two models")
+    for i, m in enumerate(models[1:], start=1):  # any MLP widths: all are padded to the widest
+        check_compatible(models[0], m, f"models[{i}]", "models[0]", mlp="any")
     models = widen_all(models)
     if mode not in ("mean", "reference"):
         raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
