@@ -27,6 +27,17 @@ import torch
 
 METHODS = ("none", "permutation", "weight", "activation", "learned")
 DATASETS = {"digits": "vit-digits", "fashion-mnist": "vit-fashion-mnist"}
+#: Said wherever a --quick run's numbers appear: its models are tiny and barely trained.
+QUICK_NOTE = ("--quick: tiny models (width 16, one layer) barely trained on 256 images; "
+              "the numbers only show that the set-up works and mean nothing")
+
+
+def demo_outputs(out, seeds=(0, 1), methods=METHODS) -> list[tuple[str, Path]]:
+    """("folder" | "file", path) of everything `run_demo(out)` writes (for checks before it starts)."""
+    out = Path(out)
+    entries = [("folder", out / "models" / f"seed{s}") for s in seeds]
+    entries += [("file", out / "alignments" / f"{m}.safetensors") for m in methods if m != "none"]
+    return entries + [("file", out / "results.json"), ("file", out / "curves.png")]
 
 
 def machine_info(device="cpu") -> dict:
@@ -122,6 +133,8 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
         learned_steps = 10 if quick else LEARNED_STEPS["cuda" if str(device).startswith("cuda") else data]
     lambdas = lambdas if lambdas is not None else (9 if quick else 25)
     train_ds, test_ds = r.datasets()
+    if quick:
+        say(f"QUICK RUN ({QUICK_NOTE})")
     say(f"data: {data} ({len(train_ds)} train / {len(test_ds)} test images); model: ViT "
         f"d={r.model_config.d_model} layers={r.model_config.n_layer} heads={r.model_config.n_head} "
         f"mlp={r.model_config.d_mlp}; device: {device}")
@@ -202,6 +215,7 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
     first = next(iter(results.values()))
     result = {
         "kind": "demo", "data": data, "recipe": r.name, "quick": quick, "seeds": list(seeds),
+        **({"note": QUICK_NOTE} if quick else {}),
         "model_config": r.model_config.to_dict(), "train_hparams": r.hparams,
         "lambdas": lambdas, "learned_steps": learned_steps, "test_examples": len(test_ds),
         "end_points": {k: first[k] for k in ("loss_a", "loss_b", "acc_a", "acc_b")},
@@ -209,8 +223,10 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
         "machine": machine_info(device), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]) if sys.argv else None,
     }
-    plot_curves(results, out / "curves.png",
-                title=f"two ViTs on {data} (seeds {seeds[0]}, {seeds[1]}): linear paths after alignment")
+    title = f"two ViTs on {data} (seeds {seeds[0]}, {seeds[1]}): linear paths after alignment"
+    if quick:
+        title += "\nQUICK RUN: barely trained models, the numbers mean nothing"
+    plot_curves(results, out / "curves.png", title=title)
     result["total_seconds"] = time.perf_counter() - t_start
     write_json(out / "results.json", result)
     return result

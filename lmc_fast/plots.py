@@ -3,8 +3,10 @@
     from lmc_fast.plots import plot_curves, plot_simplex
     plot_curves({"none": res_raw, "weight": res_weight}, "curves.png")   # BarrierResult or its dict
     plot_simplex(lf.simplex([m0, m1, m2], data), "simplex.png")
+    overlay_curves([("none", json.load(open("none.json"))), ("w", json.load(open("w.json")))], "both.png")
 
-Every figure is written atomically (temporary file next to the target, then renamed).
+Result JSONs are validated before anything is drawn (`result_curves`, `result_simplex`):
+a file that is not a result raises ValueError naming what is wrong. Every figure is written atomically (temporary file next to the target, then renamed).
 """
 from __future__ import annotations
 
@@ -51,17 +53,18 @@ def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path
     fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(11 if has_acc else 6, 4.2), dpi=dpi, squeeze=False)
     ax_loss = axes[0][0]
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    used = set()
     for i, (name, r) in enumerate(results.items()):
         lams = r["lambdas"]
-        colour = _COLOURS.get(name.split()[0], palette[i % len(palette)])
-        label = f"{name} (barrier {r['barrier']:.3f})" if "barrier" in r else name
+        colour = _colour(name, i, palette, used)
+        label = f"{name} (barrier {r['barrier']:.3f})" if r.get("barrier") is not None else name
         ax_loss.plot(lams, r["loss"], "-o", color=colour, ms=3, lw=1.6, label=label)
-        if "loss_a" in r and "loss_b" in r:
+        if r.get("loss_a") is not None and r.get("loss_b") is not None:
             ax_loss.plot([0, 1], [r["loss_a"], r["loss_b"]], "--", color=colour, lw=1, alpha=0.7)
         if has_acc and r.get("acc"):
             ax = axes[0][1]
             ax.plot(lams, [100 * a for a in r["acc"]], "-o", color=colour, ms=3, lw=1.6, label=name)
-            if "acc_a" in r and "acc_b" in r:
+            if r.get("acc_a") is not None and r.get("acc_b") is not None:
                 ax.plot([0, 1], [100 * r["acc_a"], 100 * r["acc_b"]], "--", color=colour, lw=1, alpha=0.7)
     ax_loss.set_xlabel(r"$\lambda$  (model A at 0, aligned model B at 1)")
     ax_loss.set_ylabel("test loss")
@@ -81,6 +84,17 @@ def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path
         return _save(fig, path)
     finally:
         plt.close(fig)
+
+
+def _colour(name: str, i: int, palette, used: set) -> str:
+    """The method's own colour (by the name's first word); a free palette colour when that one
+    is taken (two overlaid files with the same method must stay distinguishable)."""
+    colour = _COLOURS.get(name.split()[0] if name.split() else name)
+    if colour is None or colour in used:
+        free = [c for c in palette if c not in used and c not in _COLOURS.values()] or palette
+        colour = free[i % len(free)] if colour is None else free[0]
+    used.add(colour)
+    return colour
 
 
 def _xy(w):
@@ -135,19 +149,115 @@ def plot_simplex(result: dict, path, metric: str = "loss", labels=None, title: s
         plt.close(fig)
 
 
-def plot_result_file(result: dict, path, title: str | None = None) -> list[Path]:
-    """Figures for a JSON result written by the CLI: curves for "results", a ternary map for "simplex"."""
-    out = []
-    path = Path(path)
-    if isinstance(result.get("results"), dict) and result["results"]:
-        out.append(plot_curves(result["results"], path, title=title))
+# ---------------------------------------------------------------- result files
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _numbers(x, n: int | None = None) -> bool:
+    return isinstance(x, list) and all(_is_number(v) for v in x) and (n is None or len(x) == n)
+
+
+def _check_curve(name: str, c) -> None:
+    if not isinstance(c, dict):
+        raise ValueError(f"curve {name!r} is not an object")
+    lams, loss = c.get("lambdas"), c.get("loss")
+    if not _numbers(lams) or not lams or not _numbers(loss, len(lams)):
+        raise ValueError(f"curve {name!r}: 'lambdas' and 'loss' must be non-empty lists of numbers of equal length")
+    if c.get("acc") and not _numbers(c["acc"], len(lams)):
+        raise ValueError(f"curve {name!r}: 'acc' must be a list of {len(lams)} numbers")
+    for key in ("barrier", "loss_a", "loss_b", "acc_a", "acc_b"):
+        if c.get(key) is not None and not _is_number(c[key]):
+            raise ValueError(f"curve {name!r}: {key!r} must be a number")
+
+
+def result_curves(result: dict) -> dict:
+    """The barrier curves (name -> curve) of a result JSON written by the CLI or
+    `BarrierResult.to_dict()`, validated; {} when it has none."""
+    if not isinstance(result, dict):
+        raise ValueError("not a result object")
+    if "results" in result:
+        curves = result["results"]
+        if not isinstance(curves, dict):
+            raise ValueError("'results' must map names to curves")
     elif "lambdas" in result:
-        out.append(plot_curves({"path": result}, path, title=title))
-    simplex = result.get("simplex") or (result if "centroid" in result else None)
-    if simplex is not None and len(simplex.get("models", [])) == 3:
-        target = path if not out else path.with_name(path.stem + "_simplex.png")
-        out.append(plot_simplex(simplex, target, title=title))
+        curves = {"path": result}
+    else:
+        return {}
+    for name, c in curves.items():
+        _check_curve(name, c)
+    return curves
+
+
+def _check_row(where: str, row, n: int) -> None:
+    if not isinstance(row, dict) or not _numbers(row.get("weights"), n) or not _is_number(row.get("loss")):
+        raise ValueError(f"simplex {where}: needs 'weights' ({n} numbers) and a numeric 'loss'")
+
+
+def result_simplex(result: dict) -> dict | None:
+    """The simplex sweep (`lf.simplex` output) in a result JSON, validated; None when absent."""
+    simplex = result.get("simplex") if isinstance(result.get("simplex"), dict) else (
+        result if "centroid" in result else None)
+    if simplex is None:
+        return None
+    models = simplex.get("models")
+    if not isinstance(models, list) or len(models) < 2:
+        raise ValueError("simplex: 'models' must list at least two rows")
+    n = len(models)
+    samples = simplex.get("samples", [])
+    if not isinstance(samples, list):
+        raise ValueError("simplex: 'samples' must be a list")
+    for i, row in enumerate(models):
+        _check_row(f"model {i}", row, n)
+    _check_row("centroid", simplex.get("centroid"), n)
+    for i, row in enumerate(samples):
+        _check_row(f"sample {i}", row, n)
+    if simplex.get("worst") is not None:
+        _check_row("worst", simplex["worst"], n)
+    return simplex
+
+
+def _figures(result: dict, path: Path) -> list:
+    """(kind, target path, data) of every figure a result JSON yields."""
+    curves, simplex = result_curves(result), result_simplex(result)
+    out = []
+    if curves:
+        out.append(("curves", path, curves))
+    if simplex is not None and len(simplex["models"]) == 3:
+        out.append(("simplex", path if not out else path.with_name(path.stem + "_simplex.png"), simplex))
     if not out:
         raise ValueError("nothing to plot: the JSON has neither barrier curves ('results'/'lambdas') "
                          "nor a 3-model simplex sweep")
     return out
+
+
+def result_figures(result: dict, path) -> list[Path]:
+    """The files `plot_result_file(result, path)` would write (validates the result; draws nothing)."""
+    return [target for _, target, _ in _figures(result, Path(path))]
+
+
+def plot_result_file(result: dict, path, title: str | None = None) -> list[Path]:
+    """Figures for a JSON result written by the CLI: curves for "results", a ternary map for
+    "simplex" (beside the curves as NAME_simplex.png when there are both)."""
+    written = []
+    for kind, target, data in _figures(result, Path(path)):
+        draw = plot_curves if kind == "curves" else plot_simplex
+        written.append(draw(data, target, title=title))
+    return written
+
+
+def overlay_curves(named_results, path, title: str | None = None) -> Path:
+    """One figure with the barrier curves of several result JSONs: `named_results` is a list of
+    (label, result); a curve is named "<curve> (<label>)" when curve names repeat across files."""
+    named_results = list(named_results)
+    per_file = [(label, result_curves(result)) for label, result in named_results]
+    for label, curves in per_file:
+        if not curves:
+            raise ValueError(f"{label}: no barrier curves to overlay")
+    names = [name for _, curves in per_file for name in curves]
+    repeated = len(set(names)) != len(names)
+    merged = {}
+    for label, curves in per_file:
+        for name, c in curves.items():
+            merged[f"{name} ({label})" if repeated else name] = c
+    return plot_curves(merged, path, title=title)

@@ -72,14 +72,14 @@ def test_align_sweep_plot(runs, capsys, tmp_path):
     r = runs / "runs"
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "weight", "--out", tmp_path / "w.safetensors", "-q")
     assert rc == 0 and "weight alignment" in out
-    info = json.loads((tmp_path / "w.json").read_text())
+    info = json.loads((tmp_path / "w.align.json").read_text())  # the summary never takes the sweep's w.json
     assert info["method"] == "weight" and info["space"] == "canonical" and info["seconds"] > 0
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "activation", "--max-batches", "2",
                      "--out", tmp_path / "act.safetensors", "-q")  # data from the checkpoint's metadata
     assert rc == 0 and (tmp_path / "act.safetensors").is_file()
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "4", "--max-batches", "3",
                      "--target", "endpoints", "--augment", "mixup", "--lam", "uniform", "--out", tmp_path / "l.safetensors", "-q")
-    learned = json.loads((tmp_path / "l.json").read_text())["info"]
+    learned = json.loads((tmp_path / "l.align.json").read_text())["info"]
     assert rc == 0 and learned["target"] == "endpoints" and learned["lam"] == "uniform" and "Mixup" in learned["augment"]
     rc, _, err = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "2", "--max-batches", "3",
                      "--augment", "mixup", "--out", tmp_path / "bad.safetensors", "-q")
