@@ -8,11 +8,14 @@ Unit of work = (block of mixtures, data shard), so sharding across processes dro
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..models.adapters import adapter_for
 from . import functional as Fn
 from .batches import limited
+from .checks import check_batch, check_sweep_memory, spec_from_params
 from .interpolate import mix
 from .metrics import MetricSums, evaluate
 
@@ -63,25 +66,50 @@ def pass_plan(K: int, B: int, T: int, chunk: int, max_tokens: int) -> tuple[int,
 
 
 @torch.no_grad()
+def token_budget(max_tokens: int | None, device) -> int:
+    """Tokens a fused pass may hold: `max_tokens`, or the device's default (MAX_TOKENS)."""
+    budget = max_tokens if max_tokens is not None else MAX_TOKENS.get(torch.device(device).type, MAX_TOKENS["cuda"])
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {budget!r}")
+    return int(budget)
+
+
+def check_weight_matrix(W: torch.Tensor, n_models: int) -> None:
+    if W.dim() != 2 or W.shape[1] != n_models:
+        raise ValueError(f"weights must be (K, {n_models}), got shape {tuple(W.shape)}")
+    if not bool(torch.isfinite(W).all()):
+        raise ValueError("mixing weights must be finite, got NaN or inf")
+
+
+@torch.no_grad()
 def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=None, progress=None,
-                            dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None) -> list[dict]:
+                            dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
+                            fewer: str = "fewer lambdas", input_spec=None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N). Each data batch is embedded once per end
     model; the mixtures then go through the forward pass in blocks sized by `pass_plan`
-    (at most `chunk` mixtures and about `max_tokens` tokens a pass; default per device)."""
+    (at most `chunk` mixtures and about `max_tokens` tokens a pass; default per device).
+    Refuses up front a sweep whose estimated memory exceeds what is available (`fewer`
+    names the knob to turn in that message). Every batch is checked against `input_spec`
+    (`checks.spec_from_model` of an end model: exact image shapes) or, without one, against
+    what the parameters tell."""
     W = torch.as_tensor(weights, dtype=torch.float64)
+    check_weight_matrix(W, len(params_list))
     K, N = W.shape
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
-    budget = max_tokens if max_tokens is not None else MAX_TOKENS.get(device.type, MAX_TOKENS["cuda"])
-    if budget < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {budget}")
-    ends = Fn.stack([{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list])
+    budget = token_budget(max_tokens, device)
+    check_sweep_memory(arch, params_list[0], K, N, dtype, device, budget, fewer=fewer)
+    spec = input_spec or spec_from_params(arch, params_list[0])
+    # the embedding is all the forward needs of the end models themselves
+    names = Fn.embedding_names(arch)
+    ends = Fn.stack([{k: p[k].to(device=device, dtype=dtype) for k in names} for p in params_list])
     # mixing in float64 per tensor, then one cast: the same parameters the loop loads
     mixed = mix_params(params_list, W, dtype, device)
     Wd = W.to(device=device, dtype=dtype)
     sums = [None] * K
     for x, y in limited(data, max_batches):
+        check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         e = Fn.embed(arch, ends, x)  # (N, B, T, d)

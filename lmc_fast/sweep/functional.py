@@ -41,6 +41,13 @@ def norm(arch: Arch, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return y if bias is None else y + _per_k(bias, x.dim())
 
 
+def embedding_names(arch: Arch) -> tuple[str, ...]:
+    """The parameters `embed` reads: all a sweep needs of its end models, unmixed."""
+    if arch.family == "vit":
+        return ("patch_embed.weight", "patch_embed.bias", "cls_token", "pos_embed")
+    return ("tok_embed.weight", "pos_embed")
+
+
 def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     """Residual stream after the embeddings: (K, B, T, d)."""
     if arch.family == "vit":

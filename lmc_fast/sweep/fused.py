@@ -32,7 +32,9 @@ from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
 from .batches import limited
-from .engine import accumulate, evaluate_mixtures_fused, mix_params, results  # noqa: F401  (mix_params re-exported)
+from .checks import check_batch, check_sweep_memory, spec_from_params
+from .engine import (accumulate, check_weight_matrix, evaluate_mixtures_fused, mix_params,  # noqa: F401  (mix_params re-exported)
+                     results, token_budget)
 
 __all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "matmul_tf32",
            "KERNEL_DEFAULT_ON_CUDA"]
@@ -146,27 +148,32 @@ def _use_kernel(kernel, device, n_models: int) -> bool:
 @torch.no_grad()
 def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batches=None, progress=None,
                            dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto",
-                           max_tokens: int | None = None) -> list[dict]:
+                           max_tokens: int | None = None, fewer: str = "fewer lambdas", input_spec=None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N): the same contract as the engines in
     `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory);
     `max_tokens` sizes the batched-GEMM engine's passes (see `engine.MAX_TOKENS`)."""
     W = torch.as_tensor(weights, dtype=torch.float64)
-    if W.dim() != 2 or W.shape[1] != len(params_list):
-        raise ValueError(f"weights must be (K, {len(params_list)}), got shape {tuple(W.shape)}")
+    check_weight_matrix(W, len(params_list))
     K, N = W.shape
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
     if not _use_kernel(kernel, device, N):  # the batched-GEMM engine
         return evaluate_mixtures_fused(arch, params_list, W, data, max_batches=max_batches, progress=progress,
-                                       dtype=dtype, device=device, chunk=chunk, max_tokens=max_tokens)
+                                       dtype=dtype, device=device, chunk=chunk, max_tokens=max_tokens, fewer=fewer,
+                                       input_spec=input_spec)
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
+    # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch
+    check_sweep_memory(arch, params_list[0], min(K, chunk), N, dtype, device, token_budget(max_tokens, device),
+                       stacked=False, fewer=fewer)
+    spec = input_spec or spec_from_params(arch, params_list[0])
     blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]
     pa, pb = ({k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list)
     lam_blocks = [W[idx, 1].to(device=device, dtype=torch.float32) for idx in blocks]
     sums = [None] * K
     for x, y in limited(data, max_batches):
+        check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         for idx, lam in zip(blocks, lam_blocks):

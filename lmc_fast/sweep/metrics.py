@@ -2,6 +2,8 @@
 
 Classification: logits (B, C), integer targets (B,). Language modelling: logits (B, T, V) and
 targets = the input ids themselves; the shift happens here, as with Hugging Face `labels=`.
+A target of -100 (`IGNORE_INDEX`, Hugging Face's convention) marks a position to skip: it
+counts in no loss, accuracy, calibration bin or example count.
 """
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .checks import IGNORE_INDEX, check_batch, spec_from_model
 
 ECE_BINS = 15
 
@@ -25,8 +29,17 @@ def flat_logits_targets(logits: torch.Tensor, targets: torch.Tensor):
 
 
 def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over the kept targets (-100 skipped). A batch with nothing kept
+    gives a zero that still carries the graph (so backward runs) and moves nothing."""
     lg, tg = flat_logits_targets(logits, targets)
-    return F.cross_entropy(lg.float(), tg, label_smoothing=label_smoothing)
+    if not (tg != IGNORE_INDEX).any():
+        return lg.float().sum() * 0.0
+    return F.cross_entropy(lg.float(), tg, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+
+
+def has_kept_targets(logits: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Whether any target (after the LM shift) is not the ignore index."""
+    return bool((flat_logits_targets(logits, targets)[1] != IGNORE_INDEX).any())
 
 
 class MetricSums:
@@ -34,6 +47,7 @@ class MetricSums:
 
     def __init__(self, is_lm: bool = False):
         self.is_lm = is_lm
+        self.batches = 0
         self.n = 0
         self.loss = 0.0
         self.correct = 0.0
@@ -43,6 +57,12 @@ class MetricSums:
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor):
         lg, tg = flat_logits_targets(logits, targets)
+        self.batches += 1
+        kept = tg != IGNORE_INDEX
+        if not bool(kept.all()):
+            lg, tg = lg[kept], tg[kept]
+        if tg.numel() == 0:
+            return
         lg = lg.double()
         self.loss += F.cross_entropy(lg, tg, reduction="sum").item()
         conf, pred = lg.softmax(-1).max(-1)
@@ -55,8 +75,10 @@ class MetricSums:
         self.bin_acc += torch.bincount(bins, weights=hit.cpu(), minlength=ECE_BINS)
 
     def result(self) -> dict:
-        if self.n == 0:
+        if self.batches == 0:
             raise ValueError("no data: the evaluation iterable yielded no batches")
+        if self.n == 0:
+            raise ValueError(f"no data: every target of the {self.batches} batch(es) is the ignore index {IGNORE_INDEX}")
         loss = self.loss / self.n
         ece = ((self.bin_conf - self.bin_acc).abs().sum() / self.n).item()
         out = {"loss": loss, "acc": self.correct / self.n, "ece": ece}
@@ -75,10 +97,12 @@ def evaluate(model, data, device=None, max_batches: int | None = None) -> dict:
     model.eval()
     device = device or next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    spec = spec_from_model(model)
     sums = None
     for i, (x, y) in enumerate(data):
         if max_batches is not None and i >= max_batches:
             break
+        check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         logits = adapter.logits(model, x)
         if sums is None:

@@ -1,0 +1,229 @@
+"""Cheap per-batch checks of what a model is fed, and the memory estimate of a fused sweep.
+
+Every engine (the per-point loop, the batched-GEMM engine, the Triton kernel path), training
+and learned matching refuse a batch the model cannot take with one line naming the bad value,
+instead of a traceback from deep inside an embedding or a GEMM; worse, the fused engine
+indexes a stacked embedding table, where a token id of -1 silently reads the last row.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .functional import embedding_names
+
+#: Hugging Face's "ignore this position" label: excluded from the loss and every metric.
+IGNORE_INDEX = -100
+
+
+def as_real(value) -> float:
+    """float(value) for a real number (Python, NumPy or a 0-d torch scalar); NaN for anything
+    else (bools and strings included), so one `isfinite` test refuses every bad value."""
+    if isinstance(value, (bool, str, bytes)):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What batches a model takes: its family, its output size (classes or vocabulary) and,
+    for GPT-2, its context; for a ViT either the exact image shape (known from a config) or
+    the patch features and patch count (all that stacked parameters tell)."""
+
+    family: str  # "vit" | "gpt2"
+    n_out: int
+    vocab: int | None = None
+    block_size: int | None = None
+    image_shape: tuple[int, int, int] | None = None
+    patch_features: int | None = None
+    n_patches: int | None = None
+
+
+def spec_from_params(arch, params: dict) -> InputSpec:
+    """The spec of a model given as standard parameters (leading K axes are allowed)."""
+    n_out = params[arch.head_name + ".weight"].shape[-2]
+    pos = params["pos_embed"].shape[-2]
+    if arch.family == "gpt2":
+        return InputSpec("gpt2", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=pos)
+    return InputSpec("vit", n_out, patch_features=params["patch_embed.weight"].shape[-1], n_patches=pos - 1)
+
+
+def _square(size) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def spec_from_model(model) -> InputSpec:
+    """The spec of a model object, read from its config (reference or Hugging Face)."""
+    from ..models.adapters import adapter_for
+
+    family, c = adapter_for(model).arch(model).family, model.config
+    if family == "gpt2":
+        block = getattr(c, "block_size", None) or getattr(c, "n_positions", None)
+        return InputSpec("gpt2", c.vocab_size, vocab=c.vocab_size, block_size=block)
+    channels = getattr(c, "channels", None) or c.num_channels
+    n_out = getattr(c, "num_classes", None) or c.num_labels
+    return InputSpec("vit", n_out, image_shape=(channels, *_square(c.image_size)))
+
+
+def _range(t: torch.Tensor) -> tuple[int, int]:
+    lo, hi = torch.aminmax(t)
+    return int(lo), int(hi)
+
+
+def _vit_shapes(patch_features: int, n_patches: int, prefer_channels: int) -> list[tuple[int, int, int]]:
+    """Square (C, H, W) images that stacked ViT parameters can take, the input's channel
+    count first, then 3 and 1 (for the error message)."""
+    side = math.isqrt(n_patches)
+    shapes = []
+    for c in range(1, patch_features + 1):
+        p = math.isqrt(patch_features // c)
+        if patch_features % c == 0 and p * p * c == patch_features and side * side == n_patches:
+            shapes.append((c, p * side, p * side))
+    rank = {prefer_channels: 0, 3: 1, 1: 2}
+    return sorted(shapes, key=lambda s: rank.get(s[0], 3))[:3]
+
+
+def _fits_patches(spec: InputSpec, shape) -> bool:
+    """Whether (C, H, W) cuts into the model's patches: what the functional embedding needs."""
+    C, H, W = shape
+    if spec.patch_features % C:
+        return False
+    p = math.isqrt(spec.patch_features // C)
+    return p * p * C == spec.patch_features and H % p == 0 and W % p == 0 and (H // p) * (W // p) == spec.n_patches
+
+
+def check_images(spec: InputSpec, x: torch.Tensor) -> None:
+    if not x.is_floating_point():
+        raise ValueError(f"images must be a floating-point tensor, got {x.dtype}")
+    if x.dim() == 4 and (x.shape[1:] == spec.image_shape if spec.image_shape else _fits_patches(spec, x.shape[1:])):
+        return
+    wanted = [spec.image_shape] if spec.image_shape else _vit_shapes(spec.patch_features, spec.n_patches,
+                                                                     x.shape[1] if x.dim() == 4 else 3)
+    takes = " or ".join(f"(B, {c}, {h}, {w})" for c, h, w in wanted) or "images of a different shape"
+    raise ValueError(f"images of shape {tuple(x.shape)} do not fit the model, which takes {takes}")
+
+
+def check_token_ids(spec: InputSpec, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise ValueError(f"token ids must be a (B, T) integer tensor, got shape {tuple(x.shape)} and {x.dtype}")
+    if spec.block_size is not None and x.shape[1] > spec.block_size:
+        raise ValueError(f"sequence length {x.shape[1]} exceeds the model's context of {spec.block_size} positions")
+    if x.numel():
+        lo, hi = _range(x)
+        bad = lo if lo < 0 else hi
+        if lo < 0 or hi >= spec.vocab:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {spec.vocab}) (vocab_size={spec.vocab})")
+
+
+def check_targets(spec: InputSpec, y: torch.Tensor) -> None:
+    """Targets are class / token ids in [0, n_out), or IGNORE_INDEX (-100) for positions to skip."""
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"targets must be integer class or token ids, got {y.dtype}")
+    if not y.numel():
+        return
+    lo, hi = _range(y)
+    if lo < 0:  # only the ignore index may be negative: look again without it
+        kept = y[y != IGNORE_INDEX]
+        if not kept.numel():
+            return
+        lo, hi = _range(kept)
+    if lo < 0 or hi >= spec.n_out:
+        what = "token id" if spec.family == "gpt2" else "class label"
+        raise ValueError(f"target {what} {lo if lo < 0 else hi} is outside [0, {spec.n_out}) "
+                         f"(and is not the ignore index {IGNORE_INDEX})")
+
+
+def check_batch(spec: InputSpec, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One line naming what is wrong with a batch (inputs, then targets), or nothing."""
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ValueError(f"a batch must be two tensors (inputs, targets), got {type(x).__name__} and {type(y).__name__}")
+    if spec.family == "gpt2":
+        check_token_ids(spec, x)
+    else:
+        check_images(spec, x)
+    check_targets(spec, y)
+
+
+# ---------------------------------------------------------------- sweep memory
+
+
+def available_memory_bytes(device) -> int | None:
+    """Free memory on `device` (CUDA: the driver's free bytes; CPU: MemAvailable, capped by a
+    cgroup v2 limit when the process runs in one), or None when it cannot be told."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    free = _meminfo_available()
+    limit = _cgroup_headroom()
+    candidates = [v for v in (free, limit) if v is not None]
+    return min(candidates) if candidates else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_headroom() -> int | None:
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
+
+
+def format_gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.3g} GB"
+
+
+def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int, stacked: bool = True) -> int:
+    """About the peak bytes of the batched-GEMM engine for K mixtures of N models:
+    the K stacked mixed parameter sets (`stacked`; the kernel path stacks none), the float64
+    scratch of mixing the largest tensor, the N end models' embedding tables, and the
+    activations of one pass of `max_tokens` tokens (at least one sequence)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    n_params = sum(t.numel() for t in params.values())
+    largest = max(t.numel() for t in params.values())
+    spec = spec_from_params(arch, params)
+    seq = spec.block_size if spec.family == "gpt2" else spec.n_patches + 1
+    tokens = max(max_tokens, seq)
+    logits_per_token = spec.n_out if spec.family == "gpt2" else -(-spec.n_out // seq)
+    # residual, normed input, q, k, v, attention output + MLP hidden (and its activation) +
+    # one row of attention scores per head; logits in the run dtype, then float64 metrics
+    per_token = item * (6 * arch.d_model + 2 * arch.d_mlp + arch.n_head * seq) + logits_per_token * (item + 3 * 8)
+    embed = sum(params[k].numel() for k in embedding_names(arch))
+    total = N * embed * item + tokens * per_token
+    if stacked:
+        total += K * n_params * item + 3 * K * largest * 8
+    return int(total)
+
+
+def check_sweep_memory(arch, params: dict, K: int, N: int, dtype, device, max_tokens: int, *,
+                       stacked: bool = True, fewer: str = "fewer lambdas") -> None:
+    """Refuse, before anything is allocated, a fused sweep that would not fit in memory."""
+    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens, stacked)
+    free = available_memory_bytes(device)
+    if free is not None and need > free:
+        raise ValueError(f"sweep needs about {format_gb(need)} (K={K} mixtures of {N} models, max_tokens={max_tokens}, "
+                         f"{str(dtype).replace('torch.', '')}) but only {format_gb(free)} is available; "
+                         f"use {fewer} or a smaller --max-tokens")
