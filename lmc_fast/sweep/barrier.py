@@ -10,10 +10,13 @@ Two engines return the same numbers:
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 
 
 from .batches import reiterable
+from .checks import as_real, spec_from_model
 from .engine import evaluate_mixtures_loop
 from .fused import evaluate_mixtures_fast, matmul_tf32
 from .interpolate import models_params
@@ -54,15 +57,51 @@ class BarrierResult:
         return json.dumps(self.to_dict(), **kw)
 
 
+#: Most points one path may have: far more than any plot resolves, and a count past it is a
+#: typo (`--lambdas 1e12` once built a trillion-entry list until the kernel killed it).
+MAX_LAMBDAS = 10_001
+
+
 def lambda_grid(lambdas) -> list[float]:
-    if isinstance(lambdas, int):
-        if lambdas < 2:
-            raise ValueError(f"lambdas as an int must be >= 2 (both ends included), got {lambdas}")
-        return [i / (lambdas - 1) for i in range(lambdas)]
-    grid = [float(l) for l in lambdas]
-    if not grid or any(not (0.0 <= l <= 1.0) for l in grid):
-        raise ValueError(f"lambdas must lie in [0, 1], got {grid}")
+    """A count (int in [2, MAX_LAMBDAS]: evenly spaced, both ends included) or explicit
+    values (finite, in [0, 1], at most MAX_LAMBDAS of them) -> the list of lambdas."""
+    if isinstance(lambdas, numbers.Integral) and not isinstance(lambdas, bool):
+        count = int(lambdas)
+        if not 2 <= count <= MAX_LAMBDAS:
+            raise ValueError(f"lambdas as a count must be an int in [2, {MAX_LAMBDAS}] (both ends included), got {count}")
+        return [i / (count - 1) for i in range(count)]
+    if isinstance(lambdas, (str, bytes, bool, numbers.Number)) or not hasattr(lambdas, "__len__"):
+        raise ValueError(f"lambdas must be a count (an int >= 2) or a list of values in [0, 1], got {lambdas!r}")
+    if not 1 <= len(lambdas) <= MAX_LAMBDAS:
+        raise ValueError(f"lambdas must list between 1 and {MAX_LAMBDAS} values, got {len(lambdas)}")
+    grid = []
+    for value in lambdas:
+        lam = as_real(value)
+        if not 0.0 <= lam <= 1.0:  # also false for NaN
+            raise ValueError(f"lambdas must be finite values in [0, 1], got {value!r}")
+        grid.append(lam)
     return grid
+
+
+def _batch_count(data, max_batches: int | None) -> int | None:
+    """How many batches a sweep reads (a progress bar's total), when `data` has a length."""
+    try:
+        n = len(data)
+    except TypeError:
+        return None
+    return n if max_batches is None else min(n, max_batches)
+
+
+def progress_bar(progress: bool, engine: str, n_points: int, data, max_batches, desc: str):
+    """A bar with a total (so it shows an ETA): the loop engine counts points, the fused
+    engines count batches (every point advances on each); None when progress is off."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    if engine == "loop":
+        return tqdm(total=n_points, desc=f"{desc} (loop)", unit="pt")
+    return tqdm(total=_batch_count(data, max_batches), desc=f"{desc} ({engine})", unit="batch")
 
 
 def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
@@ -87,24 +126,23 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     data = reiterable(data)
     arch, params = models_params([model_a, model_b], space)
     evals = sorted(set(lams) | {0.0, 1.0})
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(evals) if engine == "loop" else None, desc=f"sweep ({engine})", unit="pt" if engine == "loop" else "batch")
-    weights = [[1.0 - l, l] for l in evals]
-    if engine == "loop":
-        results = evaluate_mixtures_loop([model_a, model_b], params, weights, data, max_batches, bar)
-    elif engine == "fused":
-        p0 = next(model_a.parameters())
-        with matmul_tf32(tf32):
-            results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
-                                             dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
-                                             kernel=kernel, max_tokens=max_tokens)
-    else:
+    if engine not in ("loop", "fused"):
         raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
-    if bar is not None:
-        bar.close()
+    bar = progress_bar(progress, engine, len(evals), data, max_batches, "sweep")
+    weights = [[1.0 - l, l] for l in evals]
+    try:
+        if engine == "loop":
+            results = evaluate_mixtures_loop([model_a, model_b], params, weights, data, max_batches, bar)
+        else:
+            p0 = next(model_a.parameters())
+            with matmul_tf32(tf32):
+                results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
+                                                 dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
+                                                 kernel=kernel, max_tokens=max_tokens,
+                                                 input_spec=spec_from_model(model_a))
+    finally:
+        if bar is not None:
+            bar.close()
     by_lam = dict(zip(evals, results))
     ra, rb = by_lam[0.0], by_lam[1.0]
     rows = [by_lam[l] for l in lams]

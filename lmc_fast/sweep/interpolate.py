@@ -9,6 +9,7 @@ import torch
 from ..models.adapters import adapter_for, standard_params
 from ..symmetry import check_same_arch
 from ..symmetry.canonical import canonical_params
+from .checks import as_real
 
 
 def space_params(model, space: str):
@@ -38,12 +39,20 @@ def mix(params_list: Sequence[dict], weights: Sequence[float]) -> dict:
 
 
 def check_weights(weights: Sequence[float], n: int) -> list[float]:
-    weights = [float(w) for w in weights]
+    """One finite real weight per model, summing to 1 (negative weights extrapolate: allowed)."""
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+        raise ValueError(f"weights must be a list of {n} numbers, got {weights!r}")
     if len(weights) != n:
         raise ValueError(f"got {n} models but {len(weights)} weights")
-    if not all(math.isfinite(w) for w in weights) or abs(sum(weights) - 1.0) > 1e-6:
-        raise ValueError(f"weights must be finite and sum to 1, got {weights}")
-    return weights
+    out = []
+    for i, w in enumerate(weights):
+        value = as_real(w)
+        if not math.isfinite(value):
+            raise ValueError(f"weights must be finite numbers, got {w!r} at position {i}")
+        out.append(value)
+    if abs(math.fsum(out) - 1.0) > 1e-6:
+        raise ValueError(f"weights must sum to 1, got {out} (sum {math.fsum(out):.6g})")
+    return out
 
 
 def interpolate(models: Sequence, weights: Sequence[float], space: str = "canonical"):

@@ -1,38 +1,75 @@
 """Sweeps over the simplex of several aligned models, with Dirichlet-sampled mixing weights."""
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 import torch
 
+from .barrier import progress_bar
 from .batches import reiterable
+from .checks import as_real, spec_from_model
 from .engine import evaluate_mixtures_fused, evaluate_mixtures_loop
 from .interpolate import models_params
+
+#: Most Dirichlet samples one sweep draws (each is a full evaluation; past this it is a typo).
+MAX_SAMPLES = 100_000
+
+
+def check_alpha(alpha) -> float:
+    """A Dirichlet concentration: a finite number > 0 (alpha <= 0 is no distribution; the
+    Gamma sampler would quietly return garbage, e.g. [0.5, 0.5] for every sample)."""
+    value = as_real(alpha)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"alpha (the Dirichlet concentration) must be a finite number > 0, got {alpha!r}")
+    return value
+
+
+def check_samples(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"n (the number of Dirichlet samples) must be an int in [1, {MAX_SAMPLES}], got {n!r}")
+    return int(n)
+
+
+def dirichlet(n: int, n_models: int, alpha: float, seed: int) -> torch.Tensor:
+    """(n, n_models) Dirichlet(alpha) draws: normalised Gamma(alpha) draws from a private,
+    seeded generator (no global state)."""
+    gen = torch.Generator().manual_seed(seed)
+    gamma = torch._standard_gamma(torch.full((n, n_models), alpha, dtype=torch.float64), generator=gen)
+    return gamma / gamma.sum(-1, keepdim=True)
 
 
 def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, space: str = "canonical",
             engine: str = "fused", max_batches: int | None = None, chunk: int = 32,
-            max_tokens: int | None = None) -> dict:
+            max_tokens: int | None = None, progress: bool = False) -> dict:
     """Evaluate the centroid, every model, and `n` Dirichlet(alpha) mixtures. "excess" is a
     point's loss minus the same mixture of the models' own losses; the worst sample is the
-    one with the largest excess. JSON-ready."""
+    one with the largest excess. `progress=True` shows a bar over points (loop engine) or
+    batches (fused engine). JSON-ready."""
     if len(models) < 2:
         raise ValueError("simplex needs at least two models")
+    alpha, n = check_alpha(alpha), check_samples(n)
+    if engine not in ("loop", "fused"):
+        raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
     t0 = time.perf_counter()
     data = reiterable(data)
     arch, params = models_params(models, space)
     N = len(models)
-    # Dirichlet(alpha) = normalised Gamma(alpha) draws, from a private generator (seeded, no global state)
-    gen = torch.Generator().manual_seed(seed)
-    gamma = torch._standard_gamma(torch.full((n, N), float(alpha), dtype=torch.float64), generator=gen)
-    samples = gamma / gamma.sum(-1, keepdim=True)
-    weights = torch.cat([torch.eye(N, dtype=torch.float64), torch.full((1, N), 1.0 / N, dtype=torch.float64), samples])
-    if engine == "loop":
-        res = evaluate_mixtures_loop(models, params, weights.tolist(), data, max_batches)
-    else:
-        p0 = next(models[0].parameters())
-        res = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, dtype=p0.dtype,
-                                      device=p0.device, chunk=chunk, max_tokens=max_tokens)
+    eye, centroid = torch.eye(N, dtype=torch.float64), torch.full((1, N), 1.0 / N, dtype=torch.float64)
+    weights = torch.cat([eye, centroid, dirichlet(n, N, alpha, seed)])
+    bar = progress_bar(progress, engine, len(weights), data, max_batches, "simplex")
+    try:
+        if engine == "loop":
+            res = evaluate_mixtures_loop(models, params, weights.tolist(), data, max_batches, bar)
+        else:
+            p0 = next(models[0].parameters())
+            res = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, progress=bar,
+                                          dtype=p0.dtype, device=p0.device, chunk=chunk, max_tokens=max_tokens,
+                                          fewer="fewer samples", input_spec=spec_from_model(models[0]))
+    finally:
+        if bar is not None:
+            bar.close()
     own = torch.tensor([r["loss"] for r in res[:N]], dtype=torch.float64)
     own_acc = torch.tensor([r["acc"] for r in res[:N]], dtype=torch.float64)
     rows = []
