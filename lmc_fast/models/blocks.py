@@ -6,6 +6,7 @@ State-dict names read like the math of DESIGN section 1: `attn.q`, `attn.k`, `at
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,50 @@ from torch import nn
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+#: Largest model a config may describe: 2**34 (about 17 billion) parameters, 64 GiB in fp32.
+#: Past it a size is a typo, and the allocation would take the machine down instead of failing.
+MAX_PARAMS = 2**34
+
+
+# ---------------------------------------------------------------- config checks (before allocating)
+
+
+def require_positive_int(owner: str, field: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{owner}.{field} must be a positive int, got {value!r}")
+
+
+def require_choice(owner: str, field: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{owner}.{field} must be one of {tuple(choices)}, got {value!r}")
+
+
+def require_eps(owner: str, value) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ValueError(f"{owner}.eps must be a finite number > 0, got {value!r}")
+
+
+def require_heads_divide(owner: str, width_field: str, width: int, n_head: int) -> None:
+    if width % n_head:
+        raise ValueError(f"{owner}.{width_field}={width} is not divisible by n_head={n_head}")
+
+
+def norm_param_count(d: int, norm: str) -> int:
+    return 2 * d if norm == "layernorm" else d
+
+
+def block_param_count(d: int, d_mlp: int, norm: str) -> int:
+    """Parameters of one `Block`: q, k, v, o (with biases), the MLP, two norms."""
+    return 4 * (d * d + d) + (d * d_mlp + d_mlp) + (d_mlp * d + d) + 2 * norm_param_count(d, norm)
+
+
+def require_param_limit(owner: str, count: int, sizes: str) -> None:
+    """Refuse a config whose (exact, integer) parameter count is past MAX_PARAMS."""
+    if count > MAX_PARAMS:
+        raise ValueError(f"{owner}({sizes}) describes about {count:.3g} parameters, more than the limit of "
+                         f"2**34 = {MAX_PARAMS:.3g}; check the sizes")
 
 
 class Norm(nn.Module):
@@ -55,6 +100,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, d: int, d_mlp: int, activation: str):
         super().__init__()
+        require_choice("MLP", "activation", activation, ACTIVATIONS)
         self.fc1, self.fc2 = nn.Linear(d, d_mlp), nn.Linear(d_mlp, d)
         self.act = ACTIVATIONS[activation]
 

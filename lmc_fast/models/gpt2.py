@@ -7,7 +7,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .blocks import Block, Norm, init_weights
+from .blocks import (ACTIVATIONS, NORMS, Block, Norm, block_param_count, init_weights, norm_param_count,
+                     require_choice, require_eps, require_heads_divide, require_param_limit, require_positive_int)
+
+SIZE_FIELDS = ("n_layer", "n_embd", "n_head", "vocab_size", "block_size")
 
 
 @dataclass
@@ -24,8 +27,26 @@ class GPT2Config:
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        # everything checked before a GPT2 allocates a tensor: one line naming the field
+        for name in SIZE_FIELDS:
+            require_positive_int("GPT2Config", name, getattr(self, name))
         if self.d_mlp is None:
             self.d_mlp = 4 * self.n_embd
+        require_positive_int("GPT2Config", "d_mlp", self.d_mlp)
+        require_heads_divide("GPT2Config", "n_embd", self.n_embd, self.n_head)
+        require_choice("GPT2Config", "norm", self.norm, NORMS)
+        require_choice("GPT2Config", "activation", self.activation, ACTIVATIONS)
+        require_eps("GPT2Config", self.eps)
+        require_param_limit("GPT2Config", self.param_count(),
+                            f"n_layer={self.n_layer}, n_embd={self.n_embd}, d_mlp={self.d_mlp}, "
+                            f"vocab_size={self.vocab_size}, block_size={self.block_size}")
+
+    def param_count(self) -> int:
+        """Exactly the parameters `GPT2(self)` allocates (a tied head counted once)."""
+        d = self.n_embd
+        embed = self.vocab_size * d + self.block_size * d
+        head = norm_param_count(d, self.norm) + (0 if self.tie_word_embeddings else self.vocab_size * d)
+        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm) + head
 
     @classmethod
     def paper(cls, **overrides) -> "GPT2Config":

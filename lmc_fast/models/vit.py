@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .blocks import Block, Norm, init_weights
+from .blocks import (ACTIVATIONS, NORMS, Block, Norm, block_param_count, init_weights, norm_param_count,
+                     require_choice, require_eps, require_heads_divide, require_param_limit, require_positive_int)
+
+SIZE_FIELDS = ("image_size", "patch_size", "channels", "num_classes", "d_model", "n_layer", "n_head", "d_mlp")
 
 
 @dataclass
@@ -49,8 +52,25 @@ class ViTConfig:
         return (self.image_size // self.patch_size) ** 2
 
     def __post_init__(self):
+        # everything checked before a ViT allocates a tensor: one line naming the field
+        for name in SIZE_FIELDS:
+            require_positive_int("ViTConfig", name, getattr(self, name))
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
+        require_heads_divide("ViTConfig", "d_model", self.d_model, self.n_head)
+        require_choice("ViTConfig", "norm", self.norm, NORMS)
+        require_choice("ViTConfig", "activation", self.activation, ACTIVATIONS)
+        require_eps("ViTConfig", self.eps)
+        require_param_limit("ViTConfig", self.param_count(),
+                            f"n_layer={self.n_layer}, d_model={self.d_model}, d_mlp={self.d_mlp}, "
+                            f"image_size={self.image_size}, patch_size={self.patch_size}")
+
+    def param_count(self) -> int:
+        """Exactly the parameters `ViT(self)` allocates, from the sizes alone."""
+        d, patch_in = self.d_model, self.channels * self.patch_size**2
+        embed = patch_in * d + d + d + (self.n_patches + 1) * d  # patch_embed, cls_token, pos_embed
+        head = norm_param_count(d, self.norm) + d * self.num_classes + self.num_classes
+        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm) + head
 
     def to_dict(self) -> dict:
         return asdict(self)
