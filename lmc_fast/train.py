@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from .models.adapters import adapter_for
-from .sweep.metrics import evaluate, task_loss
+from .sweep.checks import check_batch, spec_from_model
+from .sweep.metrics import evaluate, has_kept_targets, task_loss
 
 
 def seed_everything(seed: int) -> None:
@@ -94,6 +95,7 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     warmup_steps = int(round(warmup * total)) if warmup < 1 else int(warmup)
 
     adapter = adapter_for(model)
+    spec = spec_from_model(model)
     p0 = next(model.parameters())
     device = torch.device(device) if device is not None else p0.device
     model.to(device)
@@ -121,6 +123,7 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
             for x, y in batches:
                 if step >= total:
                     break
+                check_batch(spec, x, y)
                 x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
                 y = y.to(device)
                 if augment is not None:
@@ -128,17 +131,21 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
                 cur_lr = lr_at(step, total, lr, warmup_steps)
                 for g in opt.param_groups:
                     g["lr"] = cur_lr
-                loss = task_loss(adapter.logits(model, x), y, label_smoothing)
+                logits = adapter.logits(model, x)
+                loss = task_loss(logits, y, label_smoothing)  # -100 targets are skipped
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss became {loss.item()} at step {step} (lower lr?)")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                opt.step()
                 value = loss.item()
-                losses.append(value)
-                window.append(value)
+                if has_kept_targets(logits, y):
+                    # a batch whose every target is -100 counts as a step but moves nothing
+                    # (AdamW would still move the weights: momentum and decay) and no loss
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if grad_clip:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                    opt.step()
+                    losses.append(value)
+                    window.append(value)
                 if len(window) == window_len:
                     curve.append(sum(window) / len(window))
                     window = []
@@ -155,6 +162,8 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
+    if not losses:
+        raise ValueError(f"no data: every target of the {step} training batch(es) is the ignore index -100")
     tail = losses[-window_len:]
     history = {
         "train_loss": float(sum(tail) / len(tail)),

@@ -11,6 +11,15 @@ from typing import Optional, Sequence
 import torch
 
 
+def _check_ids(name: str, what: str, ids: torch.Tensor, size: int, allow_ignore: bool) -> None:
+    """ids in [0, size) (or -100, the ignore index, where allowed): one line naming a bad one."""
+    kept = ids[ids != -100] if allow_ignore else ids
+    if kept.numel():
+        lo, hi = (int(v) for v in torch.aminmax(kept))
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{name}: {what} {lo if lo < 0 else hi} is outside [0, {size})")
+
+
 def _as_index(index):
     if isinstance(index, (list, tuple)):
         return torch.as_tensor(index, dtype=torch.long)
@@ -26,9 +35,12 @@ class ImageDataset:
             raise ValueError(f"{name}: images must be (N, C, H, W), got {tuple(x.shape)}")
         if y.shape != x.shape[:1]:
             raise ValueError(f"{name}: {len(y)} labels for {len(x)} images")
+        if int(num_classes) < 1:
+            raise ValueError(f"{name}: num_classes must be >= 1, got {num_classes}")
         self.x = x.float()
         self.y = y.long()
         self.num_classes = int(num_classes)
+        _check_ids(name, "label", self.y, self.num_classes, allow_ignore=True)
         self.name = name
         self.classes = list(classes) if classes is not None else None
         self.mean = mean  # the normalisation applied (None when raw), kept for reference
@@ -68,8 +80,11 @@ class TokenDataset:
                  chars: Optional[Sequence[str]] = None):
         if ids.dim() != 2:
             raise ValueError(f"{name}: token blocks must be (N, block_size), got {tuple(ids.shape)}")
+        if int(vocab_size) < 1:
+            raise ValueError(f"{name}: vocab_size must be >= 1, got {vocab_size}")
         self.ids = ids.long()
         self.vocab_size = int(vocab_size)
+        _check_ids(name, "token id", self.ids, self.vocab_size, allow_ignore=False)
         self.name = name
         self.tokenizer = tokenizer
         self.chars = list(chars) if chars is not None else None

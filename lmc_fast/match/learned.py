@@ -18,8 +18,10 @@ import torch
 from ..models.adapters import standard_params
 from ..sweep import functional as Fn
 from ..sweep.batches import reiterable
+from ..sweep.checks import check_batch, spec_from_params
 from ..sweep.engine import evaluate_mixtures_fused
-from ..sweep.metrics import task_loss
+from ..sweep.metrics import has_kept_targets, task_loss
+from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, canonical_spec, check_same_arch, prepare_params
 from .projection import Latents, apply_dense
 
@@ -107,10 +109,15 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     if target == "labels" and not getattr(augment, "label_preserving", True):
         raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
+    arch, N = spec.arch, len(params_list)
+    if N > 2:
+        alpha = check_alpha(alpha)
+    inputs = spec_from_params(arch, params_list[0])
+    for x, y in list(train) + list(val):  # every batch once, before any work: one line for a bad one
+        check_batch(inputs, x, y)
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    arch, N = spec.arch, len(params_list)
     fixed = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
     stacked_ends = Fn.stack(fixed) if target == "endpoints" else None
     latents = [Latents(spec, el, dtype).to(device) for el in init_elements]
@@ -150,6 +157,9 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
         moved = [fixed[0]] + [apply_dense(spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], latents)]
         theta = {k: _mix(w, [m[k] for m in moved]) for k in moved[0]}
         logits = Fn.forward(arch, theta, x)
+        # a batch whose every label is the ignore index (-100) teaches nothing: no Adam step
+        # (a zero gradient would still move the latents through Adam's momentum)
+        learns = target != "labels" or has_kept_targets(logits[0], y)
         if target == "labels":
             loss = sum(task_loss(logits[i], y) for i in range(logits.shape[0])) / logits.shape[0]
         else:
@@ -159,13 +169,12 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
             T = temperature
             soft = _mixed_endpoint_probs(arch, stacked_ends, w, x, T)
             loss = sum(_soft_cross_entropy(logits[i] / T, soft[i]) for i in range(logits.shape[0])) * T * T / logits.shape[0]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if learns:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         sched.step()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", best_val_barrier=f"{best[0]:.4f}")
+        stop = False
         if step % eval_every == 0 or step == steps:
             hard, aligned = hard_params()
             vb = _val_barrier(arch, aligned, mixes, val, own, dtype, device)
@@ -174,8 +183,12 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
                 best, bad = (vb, step, hard), 0
             else:
                 bad += 1
-                if bad >= patience:
-                    break
+                stop = bad >= patience
+        if bar is not None:  # after the evaluation: the bar shows the best value kept so far
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", best_val_barrier=f"{best[0]:.4f}")
+        if stop:
+            break
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - t0
@@ -223,6 +236,7 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
     from ..models.resize import widen_all
     from .many import merge_many
 
+    alpha = check_alpha(alpha)
     models = widen_all(models)  # narrower MLPs zero-padded, as merge_many does
     merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
     spec = alignments[1].spec
