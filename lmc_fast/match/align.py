@@ -4,7 +4,6 @@ from __future__ import annotations
 from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
-from ..symmetry import elements as E
 from ..sweep.batches import reiterable
 
 METHODS = ("weight", "permutation", "activation", "learned")
@@ -82,10 +81,7 @@ def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_ba
     else:
         from .learned import learned_matching
 
-        al = learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
-        # learned maps are float32-accurate: move them onto the group in float64 so that they
-        # pass validation (1e-10) and compose / invert exactly
-        return Alignment(al.spec, {n: E.snap(g, al.elements[n]) for n, g in al.spec.groups.items()}, al.info)
+        return learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
     if bar is not None:
         bar.close()
     return Alignment(spec, elements, info)

@@ -23,6 +23,7 @@ from ..sweep.engine import evaluate_mixtures_fused
 from ..sweep.metrics import has_kept_targets, task_loss
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, canonical_spec, check_same_arch, prepare_params
+from ..symmetry import elements as E
 from .projection import Latents, apply_dense
 
 LAMBDA_MODES = ("narrow", "uniform", "fixed")
@@ -200,6 +201,12 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     return best[2], info
 
 
+def exact_alignment(spec, hard: dict, info: dict) -> Alignment:
+    """The learned elements moved onto their groups in float64: the projections are only
+    float32-accurate, and an alignment must pass validation (1e-10) and compose exactly."""
+    return Alignment(spec, {n: E.snap(g, hard[n]) for n, g in spec.groups.items()}, info)
+
+
 def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
                      lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
                      head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
@@ -223,7 +230,7 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
                                   temperature=temperature, augment=augment,
                                   progress=progress)
     info["init"] = init.info.get("method", "weight")
-    return Alignment(spec, hard[0], info)
+    return exact_alignment(spec, hard[0], info)
 
 
 def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: float = 1.0,
@@ -253,6 +260,6 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
                                   alpha=alpha, lambdas_per_step=lambdas_per_step, eval_every=eval_every,
                                   patience=patience, seed=seed, device=device, target=target,
                                   temperature=temperature, augment=augment, progress=progress)
-    learned = [alignments[0]] + [Alignment(spec, h, info) for h in hard]
+    learned = [alignments[0]] + [exact_alignment(spec, h, info) for h in hard]
     out = [merged[0]] + [adapter_for(m).build(m, al.apply_params(p)) for m, al, p in zip(models[1:], learned[1:], params[1:])]
     return out, learned
