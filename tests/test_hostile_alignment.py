@@ -335,3 +335,18 @@ def test_float32_elements_pass_and_snap_restores_float64_precision():
     snapped = Alignment(al.spec, {n: E.snap(g, f32.elements[n]) for n, g in al.spec.groups.items()})
     snapped.validate()
     assert (snapped["residual"]["matrix"] - al["residual"]["matrix"]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("entry", ["barrier", "interpolate", "simplex"])
+def test_sweeps_compare_every_config_field(entry):
+    """eps differs: the sweep would score B with A's eps; it must refuse and name the field."""
+    import lmc_fast as lf
+    from lmc_fast.models import ViT, ViTConfig
+
+    cfg = dict(d_model=16, n_layer=1, n_head=2, d_mlp=32)
+    a, b = ViT(ViTConfig.digits(**cfg)).eval(), ViT(ViTConfig.digits(**cfg, eps=1e-6)).eval()
+    data = [(torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,)))]
+    call = {"barrier": lambda: lf.barrier(a, b, data, 3), "interpolate": lambda: lf.interpolate([a, b], [0.5, 0.5]),
+            "simplex": lambda: lf.simplex([a, b], data, n=2)}[entry]
+    with pytest.raises(ValueError, match=r"models\[1\] does not fit: eps is 1e-06, models\[0\] has 1e-05"):
+        call()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..models.adapters import adapter_for, standard_params
+from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..symmetry import check_same_arch
 from ..symmetry.canonical import canonical_params
 from .checks import as_real
@@ -25,6 +25,8 @@ def space_params(model, space: str):
 def models_params(models: Sequence, space: str):
     if len(models) == 0:
         raise ValueError("need at least one model")
+    for i, m in enumerate(models[1:], start=1):  # every config field, before any parameter is copied
+        check_compatible(models[0], m, what=f"models[{i}]", ref="models[0]", mlp="equal")
     arch, first = space_params(models[0], space)
     out = [first]
     for i, m in enumerate(models[1:], start=1):
