@@ -8,20 +8,43 @@
     save_model(hf_merged, "merged-gpt2/")                # written back with save_pretrained
 
 Our format: the JSON config is `{"format": "lmc_fast.model/1", "model_type": "vit"|"gpt2",
-"config": <ViTConfig/GPT2Config.to_dict()>, "metadata": {...}}`; the same JSON is also stored
-in the safetensors header, so a lone `.safetensors` file is self-describing. A tied GPT-2
-(`lm_head.weight is tok_embed.weight`) is stored once (safetensors refuses shared tensors)
-and re-tied on load. Loading never unpickles anything: weights come from safetensors only.
-Every write is atomic: files and folders are built under a temporary name next to the
-target and renamed into place, so an error never leaves half-written output.
+"config": <ViTConfig/GPT2Config.to_dict()>, "metadata": {...}, "write_id": ...}`; the same JSON
+is also stored in the safetensors header, so a lone `.safetensors` file is self-describing. A
+tied GPT-2 (`lm_head.weight is tok_embed.weight`) is stored once (safetensors refuses shared
+tensors) and re-tied on load. Loading never unpickles anything: weights come from safetensors only.
+
+Writes never lose data:
+- each file is written under a short hidden temporary name in its own folder
+  (`.lmcf-<hash of the name>-<random>.tmp`), fsync'ed and renamed onto its target (one rename
+  per file, then the folder is fsync'ed), so a crash leaves the old file or the new one;
+- writing into a folder touches only the files the format owns (model.safetensors and
+  config.json; for Hugging Face what save_pretrained writes plus lmc_fast_meta.json), never
+  the user's other files;
+- concurrent writers of one target take turns on an advisory lock (`fcntl.flock` on a hidden
+  `.lmcf-<hash>.lock` beside it, removed again); temporary files are removed on errors and on
+  SIGINT/SIGTERM, and those a SIGKILL left are removed by the next write of the same target
+  (ours by name, and not flock'ed by a live writer);
+- files and folders get the usual modes under the umask (0644/0755 under umask 022);
+- JSON is strict: NaN and infinities are written as null.
+
+Loading validates before allocating: config fields are checked, the model is built on the meta
+device and its parameter names, shapes and dtypes are compared with the safetensors headers,
+and only then are tensors read. Every problem is one CheckpointError line naming the file and
+the field or parameter.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import math
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import signal
+import stat
+import threading
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -29,15 +52,36 @@ from pathlib import Path
 import torch
 
 from .models import GPT2, GPT2Config, ViT, ViTConfig
-from .numerics import all_finite
 from .models.adapters import UnsupportedModelError, adapter_for
+from .numerics import all_finite
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: writes stay atomic, concurrent writers are not serialised
+    fcntl = None
 
 FORMAT = "lmc_fast.model/1"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 HF_META = "lmc_fast_meta.json"  # our metadata beside a Hugging Face folder (ignored by transformers)
+HF_INDEX = "model.safetensors.index.json"
+HF_GENERATION = "generation_config.json"
+_HF_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 _CLASSES = {"vit": (ViT, ViTConfig), "gpt2": (GPT2, GPT2Config)}
 _HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "vit": "ViTForImageClassification"}
+# HF config sizes checked before anything is built: (positive sizes, optional sizes, (width, heads), layers)
+_HF_SIZES = {
+    "gpt2": (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
+             "n_layer"),
+    "vit": (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "image_size",
+             "patch_size", "num_channels"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers"),
+}
+_LOADABLE_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_DTYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "BOOL": "bool", "U8": "uint8", "I8": "int8",
+                "I16": "int16", "I32": "int32", "I64": "int64", "U16": "uint16", "U32": "uint32", "U64": "uint64"}
+MAX_JSON_BYTES = 16 * 2**20  # a config is a few KB; refuse anything past this before reading it
+MAX_SIZE = 2**31 - 1  # no width, depth or vocabulary in a config is larger
+_TEMP_PREFIX = ".lmcf-"
 
 
 class CheckpointError(ValueError):
@@ -48,55 +92,364 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint path does not exist."""
 
 
-# ---------------------------------------------------------------- atomic writes
-@contextlib.contextmanager
-def atomic_file(path, suffix: str = ""):
-    """Yields a temporary path next to `path`; renamed onto `path` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=(suffix or path.suffix) + ".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------- JSON
+def _finite(obj):
+    """`obj` with every NaN/±inf float replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _json_text(obj, **kw) -> str:
+    """Strict JSON (indent 2 by default): non-finite floats become null, also those `default` returns."""
+    kw.setdefault("indent", 2)
+    kw.pop("allow_nan", None)
+    default = kw.pop("default", None)
+    if default is not None:
+        kw["default"] = lambda o: _finite(default(o))
+    return json.dumps(_finite(obj), allow_nan=False, **kw) + "\n"
 
 
 def write_json(path, obj, **kw) -> Path:
-    """JSON written atomically (indent 2 by default)."""
-    kw.setdefault("indent", 2)
+    """JSON written atomically (indent 2 by default); NaN and infinities are written as null."""
+    text = _json_text(obj, **kw)
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, **kw) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def _parse_json(text, where) -> dict:
+    """A JSON object, or one CheckpointError line (bad syntax, too deep, too large, not an object)."""
+    if len(text) > MAX_JSON_BYTES:
+        raise CheckpointError(f"{where}: {len(text)} bytes of JSON, more than the {MAX_JSON_BYTES // 2**20} MiB "
+                              f"a config may have")
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{where}: JSON nested too deeply to be a config") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integers past the digit limit
+        raise CheckpointError(f"{where}: not a readable JSON file ({_first_line(exc)})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        if not path.is_file():
+            raise CheckpointError(f"{path}: not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)  # never more than the limit, whatever the file's size
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable JSON file ({exc.strerror or exc})") from None
+    return _parse_json(data, path)
+
+
+# ---------------------------------------------------------------- atomic writes
+def _tag(name: str) -> str:
+    """A short, fixed-length stand-in for a file name: temp and lock names stay legal for any legal name."""
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+
+
+def _temp_prefix(name: str) -> str:
+    return f"{_TEMP_PREFIX}{_tag(name)}-"
+
+
+def _lock_nowait(fd) -> bool:
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _same_file(fd, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _acquire(lock: Path) -> int:
+    """An open fd holding an exclusive flock on `lock` (the file the previous holder removed is retried)."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _target_lock(path: Path):
+    """Writers of `path` take turns: an exclusive flock on a hidden lock file beside it, removed afterwards
+    (while still held, so a waiter that then locks the removed file notices and retries)."""
+    if fcntl is None:
+        yield
+        return
+    lock = path.parent / f"{_TEMP_PREFIX}{_tag(path.name)}.lock"
+    fd = _acquire(lock)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _remove_tree_or_file(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _remove_stale_temps(folder: Path, names) -> None:
+    """Remove the temp files and folders that killed writers of `names` left in `folder`: only ours (by name)
+    and only those no live writer holds (each temp is flock'ed while its writer lives)."""
+    if fcntl is None:
+        return
+    prefixes = tuple(_temp_prefix(n) for n in names)
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        stale = [Path(e.path) for e in entries if e.name.startswith(prefixes) and e.name.endswith(".tmp")]
+    for tmp in stale:
+        try:
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if _lock_nowait(fd):
+                _remove_tree_or_file(tmp)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _temp_folder(path: Path):
+    """Yields (a new private temp folder in `path`'s folder, the mode a new file gets under the umask).
+
+    Every write goes through such a folder: whatever a writer leaves in it (safetensors, for one, writes
+    its own `.tmpXXXXXX` and renames it) is removed with it. The folder is flock'ed while it lives, so a
+    later writer can tell an abandoned one, and removed on leaving (its files have been renamed out)."""
+    for _ in range(100):
+        tmp = path.parent / f"{_temp_prefix(path.name)}{secrets.token_hex(6)}.tmp"
+        try:
+            os.mkdir(tmp, 0o777)  # the umask applies: 0755 under 022
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{path.parent}: cannot create a temporary folder")
+    fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _lock_nowait(fd)  # a fresh name: nobody else holds it
+        # the umask, read without changing it (os.umask would, for every thread): 0o777 masked, minus x bits
+        file_mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o666
+        yield tmp, file_mode
+    finally:
+        try:
+            _remove_tree_or_file(tmp)  # still locked: no cleaner races us
+        finally:
+            os.close(fd)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp: Path, target: Path, mode: int | None = None) -> None:
+    """Durable, atomic replace: the file gets `mode` (the umask's: writers such as safetensors make 0600
+    files) and its data reaches the disk before the one rename that publishes it."""
+    if mode is not None and stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+        os.chmod(tmp, mode)
+    _fsync_path(tmp)
+    os.replace(tmp, target)
+    _fsync_path(target.parent)
+
+
+@contextlib.contextmanager
+def _staged(target: Path, suffix: str = ""):
+    """Yields (a path to write, `publish()` that renames it onto `target`); the caller holds the lock."""
+    suffix = suffix or target.suffix
+    with _temp_folder(target) as (tmp, mode):
+        # some writers pick the format from the extension; a short fixed name otherwise
+        data = tmp / ("data" + (suffix if len(suffix) <= 16 else ""))
+        yield data, lambda: _commit(data, target, mode)
+
+
+@contextlib.contextmanager
+def _replacing(target: Path, suffix: str = ""):
+    """Yields a path to write; when the block succeeds it replaces `target` (the caller holds the lock)."""
+    with _staged(target, suffix) as (data, publish):
+        yield data
+        with _signals_deferred():
+            publish()
+
+
+class _Signalled(BaseException):
+    """Raised inside a write when SIGINT/SIGTERM arrives, so that `finally` clauses remove temp files."""
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_guarding = False
+_deferring = False
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Renames that belong together run to the end: a SIGINT/SIGTERM meanwhile is only recorded, and
+    delivered when the write is complete."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = outer
+
+
+@contextlib.contextmanager
+def _signal_guard(what):
+    """During the block SIGINT/SIGTERM raise _Signalled (temp files get removed on the way out); afterwards
+    the previous handlers are back and the signal is delivered to them, so the program still stops."""
+    global _guarding
+    if _guarding or threading.current_thread() is not threading.main_thread():
+        yield  # an outer guard is active, or handlers cannot be set from this thread
+        return
+    caught = []
+
+    def on_signal(signum, frame):
+        if caught:  # a second signal must not interrupt the cleanup
+            return
+        caught.append(signum)
+        if not _deferring:
+            raise _Signalled(signum)
+
+    previous = {}
+    for sig in _SIGNALS:
+        old = signal.getsignal(sig)
+        if old is not signal.SIG_IGN and old is not None:  # None: set from C, cannot be restored
+            previous[sig] = signal.signal(sig, on_signal)
+    _guarding, interrupted = True, False
+    try:
+        yield
+    except _Signalled:
+        interrupted = True
+    finally:
+        _guarding = False
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if caught:
+        signal.raise_signal(caught[0])  # default SIGTERM: the process ends here; SIGINT: KeyboardInterrupt
+        if interrupted:  # the program's own handler returned: say that nothing was written
+            raise InterruptedError(f"{what}: write interrupted by {signal.Signals(caught[0]).name}")
+
+
+@contextlib.contextmanager
+def _writing(path: Path, *also):
+    """The frame of every write of `path`: signals guarded, the target locked, stale temps of `path`
+    (and of the sibling names in `also`) removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _signal_guard(path), _target_lock(path):
+        _remove_stale_temps(path.parent, [path.name, *also])
+        yield
+
+
+@contextlib.contextmanager
+def atomic_file(path, suffix: str = ""):
+    """Yields a temporary path next to `path`; renamed onto `path` (fsync'ed, one rename) only if the block
+    succeeds. Writers of the same `path` take turns; the temp file is removed on errors and SIGINT/SIGTERM."""
+    path = Path(path)
+    with _writing(path), _replacing(path, suffix) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def _folder_for_write(path: Path):
+    """`path` as a folder to write into (created if new: removed again, if still empty, when the write fails)."""
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} exists and is not a folder")
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only ever an empty folder we made
+        raise
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    """Every file under `src` renamed to the same place under `dst`, one rename each; other files of `dst` stay.
+    Modes are the writers' (the block's files are its own)."""
+    for root, _dirs, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            _commit(Path(root) / name, dst / rel / name)
 
 
 @contextlib.contextmanager
 def atomic_dir(path, overwrite: bool = True):
-    """Yields an empty temporary folder; it replaces `path` only if the block succeeds.
-
-    An existing `path` is replaced only when `overwrite` and it is a folder (it is moved aside
-    first and deleted after the new one is in place)."""
+    """Yields an empty temporary folder beside `path`; only if the block succeeds does its content appear:
+    a new `path` is that folder, renamed; into an existing folder each file is renamed in, so files of
+    `path` the block did not write are left alone. Nothing it did not create is ever deleted.
+    With `overwrite=False` an existing `path` is an error."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path} exists and is not a folder")
     if path.exists() and not overwrite:
         raise CheckpointError(f"{path} already exists")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    try:
+    with _writing(path), _temp_folder(path) as (tmp, _mode):
         yield tmp
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
-            os.replace(path, old / "x")
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        with _signals_deferred():
+            if not _rename_new_folder(tmp, path):
+                _move_into(tmp, path)
+        _fsync_path(path.parent)
+
+
+def _rename_new_folder(tmp: Path, path: Path) -> bool:
+    if path.exists():
+        return False
+    for root, _dirs, files in os.walk(tmp):
+        for name in files:
+            _fsync_path(Path(root) / name)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # someone made `path` meanwhile: merge into it instead
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- helpers
@@ -133,16 +486,6 @@ def _model_type(model) -> str:
     raise UnsupportedModelError(f"cannot save {type(model).__name__}")
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not a readable JSON file ({exc})") from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return obj
-
-
 def checkpoint_kind(path) -> str:
     """"lmc_fast" (our folder or .safetensors file) or "hf" (a save_pretrained folder)."""
     path = Path(path)
@@ -165,12 +508,13 @@ def checkpoint_kind(path) -> str:
 
 def _header(model, metadata) -> dict:
     kind = _model_type(model)
-    return {"format": FORMAT, "model_type": kind, "config": model.config.to_dict(),
-            "metadata": _jsonable(metadata or {})}
+    # write_id pairs config.json with the weights written in the same save (see _our_header)
+    return _finite({"format": FORMAT, "model_type": kind, "config": model.config.to_dict(),
+                    "metadata": _jsonable(metadata or {}), "write_id": secrets.token_hex(8)})
 
 
 def _jsonable(obj):
-    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    return json.loads(_json_text(obj, indent=None, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
 def _tensors_to_save(model) -> dict:
@@ -191,40 +535,127 @@ def _tensors_to_save(model) -> dict:
 
 # ---------------------------------------------------------------- save
 def save_model(model, path, metadata: dict | None = None) -> Path:
-    """Write `model` to `path` atomically; returns the path written.
+    """Write `model` to `path`; returns the path written. See the module docstring for the guarantees.
 
     Reference ViT/GPT-2: a folder (model.safetensors + config.json) or, when `path` ends in
     `.safetensors`, that file plus a sibling `.json`. Hugging Face models: a folder written
     with `save_pretrained` (safetensors), plus `lmc_fast_meta.json` when `metadata` is given.
+    Other files in the folder are never touched.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     if is_hf_model(model):
         adapter_for(model)  # only the supported HF classes
         if path.suffix == ".safetensors":
             raise CheckpointError(f"{path}: a Hugging Face model is saved as a folder (save_pretrained), not a file")
-        with atomic_dir(path) as tmp, _hf_quiet():
-            model.save_pretrained(tmp, safe_serialization=True)
-            if metadata:
-                (tmp / HF_META).write_text(json.dumps(_jsonable(metadata), indent=2) + "\n", encoding="utf-8")
+        _save_hf(model, path, metadata)
         return path
     header = _header(model, metadata)
     tensors = _tensors_to_save(model)
-    text = json.dumps(header, indent=2) + "\n"
     if path.suffix == ".safetensors":
-        with atomic_file(path) as tmp:
-            save_file(tensors, str(tmp), metadata={"lmc_fast": json.dumps(header)})
-            write_json(path.with_suffix(".json"), header)
+        side = path.with_suffix(".json")
+        with _writing(path, side.name):
+            _write_ours(path, side, tensors, header)
         return path
-    with atomic_dir(path) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"lmc_fast": json.dumps(header)})
-        (tmp / CONFIG).write_text(text, encoding="utf-8")
+    with _writing(path), _folder_for_write(path):
+        _remove_stale_temps(path, [WEIGHTS, CONFIG])
+        _write_ours(path / WEIGHTS, path / CONFIG, tensors, header)
     return path
 
 
-# ---------------------------------------------------------------- load
-def _read_safetensors(path: Path):
+def _write_ours(weights: Path, config: Path, tensors: dict, header: dict) -> None:
+    """Both files written first, then renamed back to back (signals deferred). The weights go first:
+    they describe themselves, so even a SIGKILL between the two renames leaves a loadable checkpoint."""
+    from safetensors.torch import save_file
+
+    with _staged(weights) as (w_tmp, publish_weights), _staged(config) as (c_tmp, publish_config):
+        save_file(tensors, str(w_tmp), metadata={"lmc_fast": json.dumps(header, allow_nan=False)})
+        c_tmp.write_text(_json_text(header), encoding="utf-8")
+        with _signals_deferred():
+            publish_weights()
+            publish_config()
+
+
+def _hf_publish_order(name: str) -> tuple:
+    """Weights first and config.json last: a write cut in between leaves the new weights under the old config."""
+    return (name != WEIGHTS and not _HF_SHARD.fullmatch(name), name == CONFIG, name)
+
+
+def _save_hf(model, path: Path, metadata) -> None:
+    with _writing(path), _folder_for_write(path), _temp_folder(path) as (tmp, mode):
+        with _hf_quiet():
+            model.save_pretrained(tmp, safe_serialization=True)
+        if metadata:
+            (tmp / HF_META).write_text(_json_text(_jsonable(metadata)), encoding="utf-8")
+        written = sorted((p.name for p in tmp.iterdir() if p.is_file()), key=_hf_publish_order)
+        with _signals_deferred():
+            for name in written:  # one rename per file: the user's other files in the folder stay
+                _commit(tmp / name, path / name, mode)
+            _remove_stale_hf_files(path, set(written))
+        _fsync_path(path)
+
+
+def _remove_stale_hf_files(path: Path, written: set) -> None:
+    """Weight files, index and metadata of an earlier save that this one did not rewrite (ours by name only)."""
+    for p in path.iterdir():
+        ours = p.name in (WEIGHTS, HF_INDEX, HF_META) or _HF_SHARD.fullmatch(p.name)
+        if ours and p.name not in written and p.is_file():
+            p.unlink()
+
+
+# ---------------------------------------------------------------- validation
+def _check_size(where, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{where}: config field {name} must be a positive integer, got {_short(value)}")
+    if value < 1:
+        raise CheckpointError(f"{where}: config field {name} must be a positive integer, got {value}")
+    if value > MAX_SIZE:
+        raise CheckpointError(f"{where}: config field {name}={value} is absurdly large (limit {MAX_SIZE})")
+
+
+def _check_field(where, name: str, value, annotation: str) -> None:
+    """Our config fields by their annotation: sizes are positive ints, eps a finite number >= 0, ..."""
+    if value is None and ("Optional" in annotation or "None" in annotation):
+        return
+    if "bool" in annotation:
+        ok, want = isinstance(value, bool), "true or false"
+    elif "int" in annotation:
+        _check_size(where, name, value)
+        return
+    elif "float" in annotation:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        want = "a finite number >= 0"
+    elif "str" in annotation:
+        ok, want = isinstance(value, str), "a string"
+    else:
+        return
+    if not ok:
+        raise CheckpointError(f"{where}: config field {name} must be {want}, got {_short(value)}")
+
+
+def _check_layer_count(where, field: str, declared: int, specs: dict, weights: Path) -> None:
+    """A depth the weights cannot have is refused before a model that deep is built, even on meta:
+    every layer has at least one tensor."""
+    if declared > len(specs):
+        raise CheckpointError(f"{where}: config field {field}={declared} but {weights.name} holds only "
+                              f"{len(specs)} tensors")
+
+
+def _meta_model(build, where, sizes: str = ""):
+    """The model the config describes, built on the meta device: shapes without memory."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception as exc:  # whatever the constructors raise for a config they cannot build
+        raise CheckpointError(f"{where}: cannot build the model its config describes{sizes}: "
+                              f"{_first_line(exc)}") from None
+
+
+def _shapes(model) -> dict:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _read_specs(path: Path):
+    """(metadata, {name: (shape, dtype string)}) from a safetensors header; no tensor data is read."""
     from safetensors import safe_open
 
     if not path.is_file():
@@ -232,12 +663,65 @@ def _read_safetensors(path: Path):
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            specs = {}
+            for k in f.keys():
+                part = f.get_slice(k)
+                specs[k] = (tuple(part.get_shape()), part.get_dtype())
     except Exception as exc:  # SafetensorError, OSError, header decoding errors
-        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({exc})") from None
-    return meta, tensors
+        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({_first_line(exc)})") from None
+    return meta, specs
 
 
+def _plural(names: list) -> str:
+    return f"{names[0]!r}" + (f" (+{len(names) - 1} more)" if len(names) > 1 else "")
+
+
+def _check_dtypes(weights, specs: dict) -> None:
+    for k, (_shape, dtype) in specs.items():
+        if dtype not in _LOADABLE_DTYPES:
+            raise CheckpointError(f"{weights}: parameter {k!r} has dtype {_DTYPE_NAMES.get(dtype, dtype)}; only "
+                                  f"float16, bfloat16, float32 and float64 weights are loaded")
+
+
+def _check_tensors(weights, specs: dict, expected: dict, optional=frozenset(), what="config", names=None,
+                   ignore=()) -> None:
+    """The file's tensor names and shapes against the model the config describes. `names` maps a file
+    name to the model's name for it (transformers renames some); names matching `ignore` are skipped."""
+    names = names or {k: k for k in specs}
+    placed = {}  # model name -> file name
+    for k, model_name in names.items():
+        if model_name not in expected and any(p.search(model_name) for p in ignore):
+            continue
+        if model_name in placed:
+            raise CheckpointError(f"{weights}: parameters {placed[model_name]!r} and {k!r} both load into "
+                                  f"{model_name!r}")
+        placed[model_name] = k
+    missing = sorted(set(expected) - set(placed) - set(optional))
+    if missing:
+        raise CheckpointError(f"{weights}: missing parameter {_plural(missing)}")
+    extra = sorted(k for m, k in placed.items() if m not in expected)
+    if extra:
+        raise CheckpointError(f"{weights}: unexpected parameter {_plural(extra)} for the {what}")
+    for m, k in placed.items():
+        if specs[k][0] != expected[m]:
+            raise CheckpointError(f"{weights}: parameter {k!r} has shape {specs[k][0]}, the {what} needs {expected[m]}")
+
+
+def _check_total(weights, specs: dict, expected: dict, optional, what) -> None:
+    """When names cannot be matched: at least the amount of data must be what the config describes."""
+    have = sum(math.prod(shape) for shape, _ in specs.values())
+    need = sum(math.prod(shape) for k, shape in expected.items() if k not in optional)
+    need_tied = need + sum(math.prod(expected[k]) for k in optional if k in expected)
+    if have not in (need, need_tied):
+        raise CheckpointError(f"{weights}: holds {have} weight values, the {what} describes {need}")
+
+
+def _common_dtype(specs: dict) -> torch.dtype:
+    dtypes = {_LOADABLE_DTYPES[d] for _, d in specs.values()}
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+
+# ---------------------------------------------------------------- load: our format
 def read_header(path) -> dict:
     """The JSON header (model_type, config, metadata) of one of our checkpoints, without loading weights."""
     path = Path(path)
@@ -246,139 +730,244 @@ def read_header(path) -> dict:
         obj = _read_json(path / CONFIG)
         return {"format": "hf", "model_type": obj.get("model_type"), "config": obj,
                 "metadata": _read_json(meta) if meta.is_file() else {}}
+    weights = path / WEIGHTS if path.is_dir() else path
+    meta = _read_specs(weights)[0] if weights.is_file() or not path.is_dir() else {}
+    return _our_header(path, meta)[0]
+
+
+def _embedded_header(meta: dict, weights: Path):
+    if "lmc_fast" not in meta:
+        return None
+    return _check_header(_parse_json(meta["lmc_fast"], f"{weights} (lmc_fast header)"), weights)
+
+
+def _our_header(path: Path, meta: dict):
+    """(header, where it came from). A folder's config.json rules, unless it belongs to another save than
+    its weights (a write cut between the two renames): then the weights' own header does."""
+    weights = path / WEIGHTS if path.is_dir() else path
+    embedded = _embedded_header(meta, weights)
     if path.is_dir():
-        return _check_header(_read_json(path / CONFIG), path / CONFIG)
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as exc:
-        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({exc})") from None
-    return _header_from(meta, path)
-
-
-def _header_from(meta: dict, path: Path) -> dict:
-    if "lmc_fast" in meta:
-        try:
-            return _check_header(json.loads(meta["lmc_fast"]), path)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}: corrupt lmc_fast header ({exc})") from None
+        cfg = path / CONFIG
+        header = _check_header(_read_json(cfg), cfg)
+        if embedded is not None and "write_id" in embedded and header.get("write_id") != embedded["write_id"]:
+            warnings.warn(f"{cfg} is from another save than {weights.name} (an interrupted write?); "
+                          f"using the header stored in {weights.name}", stacklevel=3)
+            return embedded, weights
+        return header, cfg
+    if embedded is not None:
+        return embedded, path
     side = path.with_suffix(".json")
     if side.is_file():
-        return _check_header(_read_json(side), side)
+        return _check_header(_read_json(side), side), side
     raise CheckpointError(f"{path}: no lmc_fast header and no sibling {side.name} naming the model type")
 
 
 def _check_header(obj: dict, where: Path) -> dict:
     if not str(obj.get("format", "")).startswith("lmc_fast.model/"):
-        raise CheckpointError(f"{where}: not an lmc_fast model config (format {obj.get('format')!r})")
+        raise CheckpointError(f"{where}: not an lmc_fast model config (format {_short(obj.get('format'))})")
     if obj.get("model_type") not in _CLASSES:
-        raise CheckpointError(f"{where}: model_type must be one of {sorted(_CLASSES)}, got {obj.get('model_type')!r}")
+        raise CheckpointError(f"{where}: model_type must be one of {sorted(_CLASSES)}, "
+                              f"got {_short(obj.get('model_type'))}")
     if not isinstance(obj.get("config"), dict):
         raise CheckpointError(f"{where}: missing 'config' object")
     return obj
 
 
-def _build(header: dict, where: Path):
+def _our_config(header: dict, where):
+    """(model class, config) after every field is checked; nothing is built yet."""
     cls, cfg_cls = _CLASSES[header["model_type"]]
-    known = {f.name for f in fields(cfg_cls)}
-    unknown = set(header["config"]) - known
+    annotations = {f.name: str(f.type) for f in fields(cfg_cls)}
+    unknown = sorted(set(header["config"]) - set(annotations))
     if unknown:
-        raise CheckpointError(f"{where}: unknown {cfg_cls.__name__} fields {sorted(unknown)}")
+        raise CheckpointError(f"{where}: unknown {cfg_cls.__name__} fields {unknown}")
+    for name, value in header["config"].items():
+        _check_field(where, name, value, annotations[name])
     try:
-        config = cfg_cls(**header["config"])
-        return cls(config)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: invalid {cfg_cls.__name__}: {exc}") from None
+        return cls, cfg_cls(**header["config"])
+    except Exception as exc:  # the config's own checks (divisibility, choices, size limits)
+        raise CheckpointError(f"{where}: invalid {cfg_cls.__name__}: {_first_line(exc)}") from None
 
 
 def _load_ours(path: Path):
+    from safetensors import safe_open
+
     weights = path / WEIGHTS if path.is_dir() else path
-    meta, tensors = _read_safetensors(weights)
-    header = _check_header(_read_json(path / CONFIG), path / CONFIG) if path.is_dir() else _header_from(meta, path)
-    model = _build(header, path)
-    expected = model.state_dict()
-    tied = isinstance(model, GPT2) and model.config.tie_word_embeddings
-    if tied and "lm_head.weight" in tensors:
-        if not torch.equal(tensors["lm_head.weight"], tensors.get("tok_embed.weight", torch.empty(0))):
-            raise CheckpointError(f"{weights}: config ties the embeddings but lm_head.weight differs from tok_embed.weight")
-        tensors.pop("lm_head.weight")
-    want = {k: v for k, v in expected.items() if not (tied and k == "lm_head.weight")}
-    missing = sorted(set(want) - set(tensors))
-    if missing:
-        raise CheckpointError(f"{weights}: missing parameter {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    extra = sorted(set(tensors) - set(want))
-    if extra:
-        raise CheckpointError(f"{weights}: unexpected parameter {extra[0]!r} for {header['model_type']} "
-                              f"config" + (f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""))
-    dtypes = set()
-    for k, t in tensors.items():
-        if tuple(t.shape) != tuple(want[k].shape):
-            raise CheckpointError(f"{weights}: parameter {k!r} has shape {tuple(t.shape)}, the config needs {tuple(want[k].shape)}")
-        if not t.is_floating_point():
-            raise CheckpointError(f"{weights}: parameter {k!r} has non-float dtype {t.dtype}")
-        if not all_finite(t):
-            raise CheckpointError(f"{weights}: parameter {k!r} holds NaN or inf values")
-        dtypes.add(t.dtype)
-    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    model = model.to(dtype)
-    target = model.state_dict()  # after the cast: .to() replaced the parameter tensors
-    with torch.no_grad():
-        for k, t in tensors.items():
-            target[k].copy_(t)
-    if tied:
-        model.lm_head.weight = model.tok_embed.weight
+    meta, specs = _read_specs(weights)
+    header, where = _our_header(path, meta)
+    cls, config = _our_config(header, where)
+    _check_layer_count(where, "n_layer", config.n_layer, specs, weights)
+    tied = isinstance(config, GPT2Config) and config.tie_word_embeddings
+    _check_dtypes(weights, specs)
+    sizes = ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if type(v) is int)
+    _check_tensors(weights, specs, _shapes(_meta_model(lambda: cls(config), where, f" ({sizes})")),
+                   {"lm_head.weight"} if tied else set(), what=f"{header['model_type']} config")
+    model = cls(config).to(_common_dtype(specs))  # sizes now match the file: allocating is safe
+    target = model.state_dict()
+    try:
+        with safe_open(str(weights), framework="pt") as f, torch.no_grad():
+            for k in specs:
+                t = f.get_tensor(k)
+                if not all_finite(t):
+                    raise CheckpointError(f"{weights}: parameter {k!r} holds NaN or inf values")
+                if tied and k == "lm_head.weight":
+                    head = t
+                    continue
+                target[k].copy_(t)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{weights}: corrupt or unreadable safetensors file ({_first_line(exc)})") from None
+    if tied and "lm_head.weight" in specs and not torch.equal(head.to(model.tok_embed.weight.dtype),
+                                                              model.tok_embed.weight):
+        raise CheckpointError(f"{weights}: config ties the embeddings but lm_head.weight differs from tok_embed.weight")
     model.lmc_fast_metadata = header.get("metadata", {})
     return model
 
 
-def _load_hf(path: Path):
-    cfg_obj = _read_json(path / CONFIG)
-    name = _HF_CLASSES.get(cfg_obj.get("model_type"))
-    if name is None:
-        raise UnsupportedModelError(f"{path}: Hugging Face model_type {cfg_obj.get('model_type')!r} is not supported "
-                                    f"(supported: {', '.join(f'{k} ({v})' for k, v in _HF_CLASSES.items())})")
-    shards = [path / WEIGHTS]
-    index = path / "model.safetensors.index.json"
-    if not shards[0].is_file() and index.is_file():
-        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
-        shards = [path / f for f in files]
-    if not shards or not all(s.is_file() for s in shards):
-        missing = next((s for s in shards if not s.is_file()), path / WEIGHTS)
+# ---------------------------------------------------------------- load: Hugging Face folders
+def _hf_shards(path: Path) -> list:
+    single = path / WEIGHTS
+    index = path / HF_INDEX
+    if single.is_file() or not index.is_file():
+        shards = [single]
+    else:
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map must map parameter names to file names")
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.safetensors", n)]
+        if bad or not names:
+            raise CheckpointError(f"{index}: weight_map must name .safetensors files in this folder, got "
+                                  f"{_short(bad[0] if bad else None)}")
+        shards = [path / n for n in names]
+    missing = next((s for s in shards if not s.is_file()), None)
+    if missing is not None:
         hint = " (pytorch_model.bin is never unpickled: re-save with save_pretrained(safe_serialization=True))" \
             if (path / "pytorch_model.bin").exists() else ""
         raise CheckpointNotFoundError(f"{missing}: weights file not found{hint}")
-    for s in shards:  # validate every header first: a corrupt file gets a clear message
-        _read_safetensors_header_only(s)
+    return shards
+
+
+def _hf_specs(shards: list) -> dict:
+    specs, home = {}, {}
+    for shard in shards:
+        for k, spec in _read_specs(shard)[1].items():
+            if k in specs:
+                raise CheckpointError(f"{shard}: parameter {k!r} is also in {home[k].name}")
+            specs[k], home[k] = spec, shard
+    return specs
+
+
+def _check_hf_sizes(cfg_obj: dict, config, where: Path) -> None:
+    sizes, optional, (width, heads), _layers = _HF_SIZES[cfg_obj["model_type"]]
+    for name in sizes + optional:
+        value = getattr(config, name, None)
+        if value is None and name in optional:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:  # ViT sizes may be pairs
+            _check_size(where, name, v)
+    if getattr(config, width) % getattr(config, heads):
+        raise CheckpointError(f"{where}: config field {width}={getattr(config, width)} is not divisible by "
+                              f"{heads}={getattr(config, heads)}")
+
+
+def _hf_renamer(model):
+    """transformers' own file-name -> model-name rules (v5 renames e.g. ViT's modules), as a function;
+    None when they exist but cannot be applied here (or would also reshape tensors)."""
+    prefix = f"{model.base_model_prefix}."
+    state = model.state_dict()
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+    except ImportError:  # transformers 4: names are the model's, up to the base-model prefix
+        return lambda k: k if k in state or prefix + k not in state else prefix + k
+    try:
+        transforms = get_model_conversion_mapping(model)
+    except Exception:
+        return None
+    if any(isinstance(t, WeightConverter) for t in transforms):
+        return None
+    return lambda k: rename_source_key(k, transforms, [], model.base_model_prefix, state)[0]
+
+
+def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> None:
+    """The weight files' names, dtypes and shapes against the meta-built model, before anything is allocated."""
+    expected = _shapes(model)
+    tied = getattr(cls, "_tied_weights_keys", None) or ()
+    optional = set(tied) if getattr(config, "tie_word_embeddings", False) else set()
+    _check_dtypes(weights, specs)
+    rename = _hf_renamer(model)
+    try:
+        names = {k: rename(k) for k in specs} if rename is not None else None
+    except Exception:
+        names = None
+    if names is None:
+        _check_total(weights, specs, expected, optional, what)
+        return
+    ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
+    _check_tensors(weights, specs, expected, optional, what, names=names, ignore=ignore)
+
+
+def _load_hf(path: Path):
+    cfg_path = path / CONFIG
+    cfg_obj = _read_json(cfg_path)
+    name = _HF_CLASSES.get(cfg_obj.get("model_type"))
+    if name is None:
+        raise UnsupportedModelError(f"{path}: Hugging Face model_type {_short(cfg_obj.get('model_type'))} is not "
+                                    f"supported (supported: {', '.join(f'{k} ({v})' for k, v in _HF_CLASSES.items())})")
+    for extra in (HF_GENERATION, HF_META):  # transformers would parse these unguarded
+        if (path / extra).exists():
+            _read_json(path / extra)
+    shards = _hf_shards(path)
+    specs = _hf_specs(shards)
+    with _hf_quiet() as transformers:
+        cls = getattr(transformers, name)
+        try:
+            config = cls.config_class.from_dict(dict(cfg_obj))
+        except Exception as exc:
+            raise CheckpointError(f"{cfg_path}: invalid {cls.config_class.__name__}: {_first_line(exc)}") from None
+    _check_hf_sizes(cfg_obj, config, cfg_path)
+    layers = _HF_SIZES[cfg_obj["model_type"]][3]
+    _check_layer_count(cfg_path, layers, getattr(config, layers), specs, shards[0])
+    sizes, optional_sizes = _HF_SIZES[cfg_obj["model_type"]][:2]
+    named = ", ".join(f"{k}={getattr(config, k, None)}" for k in sizes + optional_sizes)
+    with _hf_quiet():
+        meta_model = _meta_model(lambda: cls(config), cfg_path, f" ({named})")
+    weights = shards[0] if len(shards) == 1 else path / HF_INDEX
+    _check_hf_tensors(weights, specs, cls, meta_model, config, f"{name} config")
     try:
         with _hf_quiet() as transformers:
-            cls = getattr(transformers, name)
-            model, info = cls.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
-                                              output_loading_info=True)
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: cannot load {name}: {first}") from None
-    missing = [k for k in info.get("missing_keys", []) if k != "lm_head.weight" or not model.config.tie_word_embeddings]
-    if missing:
-        raise CheckpointError(f"{path}: weights file lacks parameter {sorted(missing)[0]!r}"
-                              + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if info.get("mismatched_keys"):
-        raise CheckpointError(f"{path}: parameter {info['mismatched_keys'][0]!r} does not fit the config")
+            model, info = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
+                                              output_loading_info=True, **_dtype_kwarg(transformers, specs))
+    except Exception as exc:  # whatever transformers raises for a folder that passed the checks above
+        raise CheckpointError(f"{path}: cannot load {name}: {_first_line(exc)}") from None
+    _check_hf_loading_info(path, model, info)
     meta = path / HF_META
     model.lmc_fast_metadata = _read_json(meta) if meta.is_file() else {}
     return model
 
 
-def _read_safetensors_header_only(path: Path):
-    from safetensors import safe_open
+def _dtype_kwarg(transformers, specs: dict) -> dict:
+    """Load in the files' dtype, never the one config.json claims (`dtype` since transformers 4.56)."""
+    major, minor = (int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": _common_dtype(specs)}
 
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for k in f.keys():
-                f.get_slice(k).get_shape()
-    except Exception as exc:
-        raise CheckpointError(f"{path}: corrupt or unreadable safetensors file ({exc})") from None
+
+def _check_hf_loading_info(path: Path, model, info: dict) -> None:
+    """What from_pretrained reports (it warns and goes on): any key it could not place is an error."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = sorted(k for k in info.get("missing_keys", ()) if k != "lm_head.weight" or not tied)
+    if missing:
+        raise CheckpointError(f"{path}: weights lack parameter {_plural(missing)}")
+    unexpected = sorted(info.get("unexpected_keys", ()))
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected parameter {_plural(unexpected)} for the config")
+    mismatched = sorted(info.get("mismatched_keys", ()))
+    if mismatched:
+        raise CheckpointError(f"{path}: parameter {mismatched[0]!r} does not fit the config")
+    for k, p in model.named_parameters():
+        if not all_finite(p.detach()):
+            raise CheckpointError(f"{path}: parameter {k!r} holds NaN or inf values")
 
 
 def load_model(path, device=None, dtype=None):
