@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .io import atomic_file
+from .atomic import atomic_file
 
 # colour per method name (anything else cycles through the default palette)
 _COLOURS = {"none": "#7f7f7f", "permutation": "#ff7f0e", "weight": "#1f77b4", "activation": "#2ca02c",

@@ -24,7 +24,10 @@ import pytest
 import torch
 
 import lmc_fast.io as lio
-from lmc_fast.io import CheckpointError, atomic_dir, load_model, save_model, write_json
+from lmc_fast import atomic
+from lmc_fast.atomic import atomic_dir, write_json
+from lmc_fast.errors import OutputError
+from lmc_fast.io import CheckpointError, load_model, save_model
 from lmc_fast.models import ViT, ViTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +147,7 @@ def test_atomic_dir_never_deletes_existing_files(tmp_path):
         (tmp / "result.json").write_text("{}")
     assert snapshot(out) == {"NOTES.txt": b"keep", "result.json": b"{}", "sub/keep.txt": b"keep too",
                              "sub/new.txt": b"new"}
-    with pytest.raises(CheckpointError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists"):
         with atomic_dir(out, overwrite=False):
             pass
     assert not leftovers(tmp_path)
@@ -189,14 +192,14 @@ def test_stale_temps_removed_only_if_ours_and_abandoned(tmp_path):
     import fcntl
 
     save_model(tiny_vit(), tmp_path / "ckpt")
-    dead = tmp_path / f"{lio._temp_prefix('ckpt')}deadbeef0000.tmp"  # a SIGKILLed writer's temp folder
+    dead = tmp_path / f"{atomic.temp_prefix('ckpt')}deadbeef0000.tmp"  # a SIGKILLed writer's temp folder
     dead.mkdir()
     (dead / "data").write_bytes(b"half")
-    dead_inner = tmp_path / "ckpt" / f"{lio._temp_prefix('model.safetensors')}deadbeef0001.tmp"
+    dead_inner = tmp_path / "ckpt" / f"{atomic.temp_prefix('model.safetensors')}deadbeef0001.tmp"
     dead_inner.mkdir()
-    live = tmp_path / f"{lio._temp_prefix('ckpt')}a11ve0000000.tmp"  # a writer that is still alive
+    live = tmp_path / f"{atomic.temp_prefix('ckpt')}a11ve0000000.tmp"  # a writer that is still alive
     live.mkdir()
-    other = tmp_path / f"{lio._temp_prefix('other')}deadbeef0002.tmp"  # another target's
+    other = tmp_path / f"{atomic.temp_prefix('other')}deadbeef0002.tmp"  # another target's
     other.mkdir()
     user = tmp_path / ".notes.tmp"
     user.write_text("user file")
@@ -244,7 +247,7 @@ def test_long_legal_names(tmp_path, target):
         assert json.loads(path.read_text()) == {"a": 1}
     elif target == "atomic_file":
         path = tmp_path / ("p" * 251 + ".png")
-        with lio.atomic_file(path, suffix=".png") as tmp:
+        with atomic.atomic_file(path, suffix=".png") as tmp:
             assert tmp.suffix == ".png" and len(tmp.name) < 20  # writers that go by the extension still can
             tmp.write_bytes(b"png")
         assert path.read_bytes() == b"png"
@@ -306,7 +309,7 @@ def test_signal_during_write_removes_temp_and_keeps_old(tmp_path, monkeypatch, s
 
 def test_signal_between_the_two_renames_waits_for_the_second(tmp_path, monkeypatch):
     save_model(tiny_vit(), tmp_path / "c", metadata={"v": "old"})
-    real = lio._commit
+    real = atomic.commit
     calls = []
 
     def commit_with_signal(*a, **k):
@@ -315,7 +318,7 @@ def test_signal_between_the_two_renames_waits_for_the_second(tmp_path, monkeypat
             signal.raise_signal(signal.SIGTERM)  # after the first file is staged, before any rename
         real(*a, **k)
 
-    monkeypatch.setattr(lio, "_commit", commit_with_signal)
+    monkeypatch.setattr(atomic, "commit", commit_with_signal)
     got = []
     previous = signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
     try:

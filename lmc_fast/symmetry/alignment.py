@@ -135,7 +135,7 @@ class Alignment:
         """safetensors file with a JSON header; written atomically (no half-written file)."""
         from safetensors.torch import save_file
 
-        from ..io import atomic_file
+        from ..atomic import atomic_file
 
         head_map = next((g.head_map for g in self.spec.groups.values() if g.kind == "heads"), "orthogonal")
         header = {"format": FORMAT, "arch": asdict(self.spec.arch), "space": self.spec.space,

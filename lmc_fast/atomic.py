@@ -1,0 +1,368 @@
+"""Writes that never lose data: atomic files and folders, strict JSON.
+
+    with atomic_file("out/result.png") as tmp:   # write tmp; it replaces the target only on success
+        figure.savefig(tmp)
+    write_json("out/result.json", {"loss": float("nan")})   # {"loss": null}
+
+- each file is written in a short hidden temporary folder beside its target
+  (`.lmcf-<hash of the name>-<random>.tmp`), fsync'ed and renamed onto the target: one rename
+  per file, then the folder is fsync'ed, so a crash leaves the old file or the new one;
+- writers of one target take turns on an advisory lock (`fcntl.flock` on a hidden
+  `.lmcf-<hash>.lock` beside it, removed again);
+- temporary files are removed on errors and on SIGINT/SIGTERM (the signal is then delivered, so
+  the program still stops); those a SIGKILL left are removed by the next write of the same
+  target (ours by name, and not flock'ed by a live writer);
+- files and folders get the usual modes under the umask (0644/0755 under umask 022);
+- JSON is strict: NaN and infinities are written as null.
+
+`lmc_fast.io` builds checkpoints on these; everything that writes a user's output uses them.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import stat
+import threading
+from pathlib import Path
+
+from .errors import OutputError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: writes stay atomic, concurrent writers are not serialised
+    fcntl = None
+
+TEMP_PREFIX = ".lmcf-"
+
+
+# ---------------------------------------------------------------- JSON
+def finite_json(obj):
+    """`obj` with every NaN/±inf float replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def json_text(obj, **kw) -> str:
+    """Strict JSON (indent 2 by default): non-finite floats become null, also those `default` returns."""
+    kw.setdefault("indent", 2)
+    kw.pop("allow_nan", None)
+    default = kw.pop("default", None)
+    if default is not None:
+        kw["default"] = lambda o: finite_json(default(o))
+    return json.dumps(finite_json(obj), allow_nan=False, **kw) + "\n"
+
+
+def write_json(path, obj, **kw) -> Path:
+    """JSON written atomically (indent 2 by default); NaN and infinities are written as null."""
+    text = json_text(obj, **kw)
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+# ---------------------------------------------------------------- atomic writes
+def _tag(name: str) -> str:
+    """A short, fixed-length stand-in for a file name: temp and lock names stay legal for any legal name."""
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+
+
+def temp_prefix(name: str) -> str:
+    return f"{TEMP_PREFIX}{_tag(name)}-"
+
+
+def _lock_nowait(fd) -> bool:
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _same_file(fd, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _acquire(lock: Path) -> int:
+    """An open fd holding an exclusive flock on `lock` (the file the previous holder removed is retried)."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _target_lock(path: Path):
+    """Writers of `path` take turns: an exclusive flock on a hidden lock file beside it, removed afterwards
+    (while still held, so a waiter that then locks the removed file notices and retries)."""
+    if fcntl is None:
+        yield
+        return
+    lock = path.parent / f"{TEMP_PREFIX}{_tag(path.name)}.lock"
+    fd = _acquire(lock)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _remove_tree_or_file(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def remove_stale_temps(folder: Path, names) -> None:
+    """Remove the temp files and folders that killed writers of `names` left in `folder`: only ours (by name)
+    and only those no live writer holds (each temp is flock'ed while its writer lives)."""
+    if fcntl is None:
+        return
+    prefixes = tuple(temp_prefix(n) for n in names)
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        stale = [Path(e.path) for e in entries if e.name.startswith(prefixes) and e.name.endswith(".tmp")]
+    for tmp in stale:
+        try:
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if _lock_nowait(fd):
+                _remove_tree_or_file(tmp)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def temp_folder(path: Path):
+    """Yields (a new private temp folder in `path`'s folder, the mode a new file gets under the umask).
+
+    Every write goes through such a folder: whatever a writer leaves in it (safetensors, for one, writes
+    its own `.tmpXXXXXX` and renames it) is removed with it. The folder is flock'ed while it lives, so a
+    later writer can tell an abandoned one, and removed on leaving (its files have been renamed out)."""
+    for _ in range(100):
+        tmp = path.parent / f"{temp_prefix(path.name)}{secrets.token_hex(6)}.tmp"
+        try:
+            os.mkdir(tmp, 0o777)  # the umask applies: 0755 under 022
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{path.parent}: cannot create a temporary folder")
+    fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _lock_nowait(fd)  # a fresh name: nobody else holds it
+        # the umask, read without changing it (os.umask would, for every thread): 0o777 masked, minus x bits
+        file_mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o666
+        yield tmp, file_mode
+    finally:
+        try:
+            _remove_tree_or_file(tmp)  # still locked: no cleaner races us
+        finally:
+            os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def commit(tmp: Path, target: Path, mode: int | None = None) -> None:
+    """Durable, atomic replace: the file gets `mode` (the umask's: writers such as safetensors make 0600
+    files) and its data reaches the disk before the one rename that publishes it."""
+    if mode is not None and stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+        os.chmod(tmp, mode)
+    fsync_path(tmp)
+    os.replace(tmp, target)
+    fsync_path(target.parent)
+
+
+@contextlib.contextmanager
+def staged(target: Path, suffix: str = ""):
+    """Yields (a path to write, `publish()` that renames it onto `target`); the caller holds the lock."""
+    suffix = suffix or target.suffix
+    with temp_folder(target) as (tmp, mode):
+        # some writers pick the format from the extension; a short fixed name otherwise
+        data = tmp / ("data" + (suffix if len(suffix) <= 16 else ""))
+        yield data, lambda: commit(data, target, mode)
+
+
+@contextlib.contextmanager
+def _replacing(target: Path, suffix: str = ""):
+    """Yields a path to write; when the block succeeds it replaces `target` (the caller holds the lock)."""
+    with staged(target, suffix) as (data, publish):
+        yield data
+        with signals_deferred():
+            publish()
+
+
+class _Signalled(BaseException):
+    """Raised inside a write when SIGINT/SIGTERM arrives, so that `finally` clauses remove temp files."""
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_guarding = False
+_deferring = False
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Renames that belong together run to the end: a SIGINT/SIGTERM meanwhile is only recorded, and
+    delivered when the write is complete."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = outer
+
+
+@contextlib.contextmanager
+def _signal_guard(what):
+    """During the block SIGINT/SIGTERM raise _Signalled (temp files get removed on the way out); afterwards
+    the previous handlers are back and the signal is delivered to them, so the program still stops."""
+    global _guarding
+    if _guarding or threading.current_thread() is not threading.main_thread():
+        yield  # an outer guard is active, or handlers cannot be set from this thread
+        return
+    caught = []
+
+    def on_signal(signum, frame):
+        if caught:  # a second signal must not interrupt the cleanup
+            return
+        caught.append(signum)
+        if not _deferring:
+            raise _Signalled(signum)
+
+    previous = {}
+    for sig in _SIGNALS:
+        old = signal.getsignal(sig)
+        if old is not signal.SIG_IGN and old is not None:  # None: set from C, cannot be restored
+            previous[sig] = signal.signal(sig, on_signal)
+    _guarding, interrupted = True, False
+    try:
+        yield
+    except _Signalled:
+        interrupted = True
+    finally:
+        _guarding = False
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if caught:
+        signal.raise_signal(caught[0])  # default SIGTERM: the process ends here; SIGINT: KeyboardInterrupt
+        if interrupted:  # the program's own handler returned: say that nothing was written
+            raise InterruptedError(f"{what}: write interrupted by {signal.Signals(caught[0]).name}")
+
+
+@contextlib.contextmanager
+def writing(path: Path, *also):
+    """The frame of every write of `path`: signals guarded, the target locked, stale temps of `path`
+    (and of the sibling names in `also`) removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _signal_guard(path), _target_lock(path):
+        remove_stale_temps(path.parent, [path.name, *also])
+        yield
+
+
+@contextlib.contextmanager
+def atomic_file(path, suffix: str = ""):
+    """Yields a temporary path next to `path`; renamed onto `path` (fsync'ed, one rename) only if the block
+    succeeds. Writers of the same `path` take turns; the temp file is removed on errors and SIGINT/SIGTERM."""
+    path = Path(path)
+    with writing(path), _replacing(path, suffix) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def folder_for_write(path: Path):
+    """`path` as a folder to write into (created if new: removed again, if still empty, when the write fails)."""
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path} exists and is not a folder")
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only ever an empty folder we made
+        raise
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    """Every file under `src` renamed to the same place under `dst`, one rename each; other files of `dst` stay.
+    Modes are the writers' (the block's files are its own)."""
+    for root, _dirs, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            commit(Path(root) / name, dst / rel / name)
+
+
+@contextlib.contextmanager
+def atomic_dir(path, overwrite: bool = True):
+    """Yields an empty temporary folder beside `path`; only if the block succeeds does its content appear:
+    a new `path` is that folder, renamed; into an existing folder each file is renamed in, so files of
+    `path` the block did not write are left alone. Nothing it did not create is ever deleted.
+    With `overwrite=False` an existing `path` is an error."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path} exists and is not a folder")
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path} already exists")
+    with writing(path), temp_folder(path) as (tmp, _mode):
+        yield tmp
+        with signals_deferred():
+            if not _rename_new_folder(tmp, path):
+                _move_into(tmp, path)
+        fsync_path(path.parent)
+
+
+def _rename_new_folder(tmp: Path, path: Path) -> bool:
+    if path.exists():
+        return False
+    for root, _dirs, files in os.walk(tmp):
+        for name in files:
+            fsync_path(Path(root) / name)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # someone made `path` meanwhile: merge into it instead
+        return False
+    return True
+
+
+
+__all__ = ["atomic_dir", "atomic_file", "finite_json", "json_text", "write_json"]
