@@ -27,8 +27,8 @@ _EXPORTS = {
     "UnsupportedModelError": ".models.adapters",
 }
 #: subpackages reachable as attributes (`lmc_fast.data.loader(...)`) without importing them first
-_SUBMODULES = ("cli", "data", "demo", "io", "kernels", "match", "models", "numerics", "plots", "recipes", "sweep",
-               "symmetry", "train")
+_SUBMODULES = ("atomic", "cli", "data", "demo", "errors", "io", "kernels", "match", "models", "numerics", "plots",
+               "recipes", "sweep", "symmetry", "train")
 
 __all__ = ["Alignment", "BarrierResult", "UnsupportedModelError", "align", "barrier", "evaluate", "interpolate",
            "kernels", "merge_many", "models", "simplex", "to_canonical"]

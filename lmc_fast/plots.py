@@ -33,6 +33,11 @@ def _as_dict(res) -> dict:
     return res.to_dict() if hasattr(res, "to_dict") else dict(res)
 
 
+def _floats(values) -> list[float]:
+    """null (a NaN in strict JSON) -> nan, which matplotlib leaves as a gap."""
+    return [math.nan if v is None else float(v) for v in values]
+
+
 def _save(fig, path) -> Path:
     path = Path(path)
     with atomic_file(path, suffix=".png") as tmp:
@@ -58,12 +63,12 @@ def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path
         lams = r["lambdas"]
         colour = _colour(name, i, palette, used)
         label = f"{name} (barrier {r['barrier']:.3f})" if r.get("barrier") is not None else name
-        ax_loss.plot(lams, r["loss"], "-o", color=colour, ms=3, lw=1.6, label=label)
+        ax_loss.plot(lams, _floats(r["loss"]), "-o", color=colour, ms=3, lw=1.6, label=label)
         if r.get("loss_a") is not None and r.get("loss_b") is not None:
             ax_loss.plot([0, 1], [r["loss_a"], r["loss_b"]], "--", color=colour, lw=1, alpha=0.7)
         if has_acc and r.get("acc"):
             ax = axes[0][1]
-            ax.plot(lams, [100 * a for a in r["acc"]], "-o", color=colour, ms=3, lw=1.6, label=name)
+            ax.plot(lams, [100 * a for a in _floats(r["acc"])], "-o", color=colour, ms=3, lw=1.6, label=name)
             if r.get("acc_a") is not None and r.get("acc_b") is not None:
                 ax.plot([0, 1], [100 * r["acc_a"], 100 * r["acc_b"]], "--", color=colour, lw=1, alpha=0.7)
     ax_loss.set_xlabel(r"$\lambda$  (model A at 0, aligned model B at 1)")
@@ -154,17 +159,19 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _numbers(x, n: int | None = None) -> bool:
-    return isinstance(x, list) and all(_is_number(v) for v in x) and (n is None or len(x) == n)
+def _numbers(x, n: int | None = None, gaps: bool = False) -> bool:
+    """A list of numbers (of length n); with `gaps`, null entries too (strict JSON writes NaN as null)."""
+    ok = (lambda v: _is_number(v) or v is None) if gaps else _is_number
+    return isinstance(x, list) and all(ok(v) for v in x) and (n is None or len(x) == n)
 
 
 def _check_curve(name: str, c) -> None:
     if not isinstance(c, dict):
         raise ValueError(f"curve {name!r} is not an object")
     lams, loss = c.get("lambdas"), c.get("loss")
-    if not _numbers(lams) or not lams or not _numbers(loss, len(lams)):
+    if not _numbers(lams) or not lams or not _numbers(loss, len(lams), gaps=True):
         raise ValueError(f"curve {name!r}: 'lambdas' and 'loss' must be non-empty lists of numbers of equal length")
-    if c.get("acc") and not _numbers(c["acc"], len(lams)):
+    if c.get("acc") and not _numbers(c["acc"], len(lams), gaps=True):
         raise ValueError(f"curve {name!r}: 'acc' must be a list of {len(lams)} numbers")
     for key in ("barrier", "loss_a", "loss_b", "acc_a", "acc_b"):
         if c.get(key) is not None and not _is_number(c[key]):
