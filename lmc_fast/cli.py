@@ -5,7 +5,7 @@
     lmc-fast align runs/seed0 runs/seed1 --method weight --out w.safetensors      # + w.align.json
     lmc-fast sweep runs/seed0 runs/seed1 --align w.safetensors --lambdas 25 --out w.json --plot w.png
     lmc-fast merge runs/seed0 runs/seed1 runs/seed2 --method weight --out merged/
-    lmc-fast plot w.json --out w.png
+    lmc-fast plot w.json --out w_titled.png --title "weight matching"
     lmc-fast plot none.json w.json --out both.png                                # curves overlaid
 
 Models (A, B, C) are our checkpoints (a folder or a .safetensors file, see `lmc_fast.io`) or
@@ -819,7 +819,7 @@ def cmd_demo(args, con: Console) -> int:
     m = res["machine"]
     con.out("")
     if args.quick:
-        con.out(f"QUICK RUN: {QUICK_NOTE}")
+        con.out(QUICK_NOTE)
     con.out(f"two ViTs on {res['data']} (seeds {res['seeds'][0]} and {res['seeds'][1]}; test accuracy "
             f"{100 * res['end_points']['acc_a']:.1f}% / {100 * res['end_points']['acc_b']:.1f}%), "
             f"{res['lambdas']} lambdas on {res['test_examples']} test images")

@@ -28,7 +28,7 @@ import torch
 METHODS = ("none", "permutation", "weight", "activation", "learned")
 DATASETS = {"digits": "vit-digits", "fashion-mnist": "vit-fashion-mnist"}
 #: Said wherever a --quick run's numbers appear: its models are tiny and barely trained.
-QUICK_NOTE = ("--quick: tiny models (width 16, one layer) barely trained on 256 images; "
+QUICK_NOTE = ("QUICK RUN (--quick): tiny models (width 16, one layer) barely trained on 256 images; "
               "the numbers only show that the set-up works and mean nothing")
 
 
@@ -134,7 +134,7 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
     lambdas = lambdas if lambdas is not None else (9 if quick else 25)
     train_ds, test_ds = r.datasets()
     if quick:
-        say(f"QUICK RUN ({QUICK_NOTE})")
+        say(QUICK_NOTE)
     say(f"data: {data} ({len(train_ds)} train / {len(test_ds)} test images); model: ViT "
         f"d={r.model_config.d_model} layers={r.model_config.n_layer} heads={r.model_config.n_head} "
         f"mlp={r.model_config.d_mlp}; device: {device}")

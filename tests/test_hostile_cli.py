@@ -260,7 +260,8 @@ def test_alignment_for_other_models_needs_force(ck, tmp_path, capsys):
 
 
 def test_plot_overlays_several_results(ck, tmp_path, capsys):
-    other = {"kind": "sweep", "results": {"none": {"lambdas": [0, 1], "loss": [1.0, 1.0], "barrier": 0.0}}}
+    # null: how strict JSON stores a NaN loss (a diverged point); it is drawn as a gap
+    other = {"kind": "sweep", "results": {"none": {"lambdas": [0, 0.5, 1], "loss": [1.0, None, 1.0], "barrier": None}}}
     (tmp_path / "none.json").write_text(json.dumps(other))
     rc, out, err = run(capsys, ["plot", tmp_path / "none.json", ck / "r.json", ck / "r.json", "--out",
                                 tmp_path / "both.png"])
