@@ -20,6 +20,7 @@ export TRITON_INTERPRET HF_HUB_OFFLINE LMC_FAST_DATA
 # The venv; torch first, pinned to the local CPU wheel (a plain `torch` requirement would
 # pull a multi-GB CUDA build). An existing torch (e.g. the GPU machine's) is kept.
 $(PY):
+	@echo "== creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 
 venv: $(PY)
