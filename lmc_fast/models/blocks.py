@@ -123,6 +123,8 @@ class Block(nn.Module):
 def init_weights(module: nn.Module, std: float = 0.02):
     """GPT-2 style init: normal(0, std) for matrices and embeddings, zero biases."""
     for name, p in module.named_parameters():
+        if p.is_meta:  # shapes only (checkpoint checks): no values, and nn.init there imports torch._dynamo (1.3 s)
+            continue
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif p.dim() >= 2 or "embed" in name or "token" in name:
