@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-METHODS = ("none", "permutation", "weight", "activation", "learned")
+from .match.methods import METHODS, REGISTRY
 DATASETS = {"digits": "vit-digits", "fashion-mnist": "vit-fashion-mnist"}
 #: Said wherever a --quick run's numbers appear: its models are tiny and barely trained.
 QUICK_NOTE = ("QUICK RUN (--quick): tiny models (width 16, one layer) barely trained on 256 images; "
@@ -165,17 +165,13 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
             continue
         say(f"{method}: aligning" if method != "none" else "none: raw parameters")
         t0 = time.perf_counter()
+        space = REGISTRY[method].space
         if method == "none":
-            al, b_al, space = None, b, "raw"
-        elif method == "permutation":
-            al = lf.align(a, b, "permutation", progress=progress)
-            b_al, space = al.apply(b), "raw"
-        elif method == "weight":
-            al = lf.align(a, b, "weight", progress=progress)
-            b_al, space = al.apply(b), "canonical"
-        elif method == "activation":
-            al = lf.align(a, b, "activation", data=match_batches, progress=progress)
-            b_al, space = al.apply(b), "canonical"
+            al, b_al = None, b
+        elif method != "learned":
+            al = lf.align(a, b, method, data=match_batches if REGISTRY[method].needs_data else None,
+                          progress=progress)
+            b_al = al.apply(b)
         else:
             init = weight_al
             extra = 0.0
@@ -190,7 +186,7 @@ def run_demo(out="demo_out", *, data: str = "digits", device: str = "cpu", quick
             kw = {**LEARNED_SETTINGS, **(dict(eval_every=5) if quick else {})}
             al = lf.align(a, b, "learned", data=match_batches, steps=learned_steps, init=init, augment=Mixup(1.0),
                           progress=progress, **kw)
-            b_al, space = al.apply(b), "canonical"
+            b_al = al.apply(b)
             t0 -= extra  # time to obtain this alignment includes its weight-matching start
         align_seconds = time.perf_counter() - t0
         if method == "weight":

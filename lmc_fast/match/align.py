@@ -5,8 +5,7 @@ from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
 from ..sweep.batches import reiterable
-
-METHODS = ("weight", "permutation", "activation", "learned")
+from .methods import ALIGN_METHODS as METHODS  # the registry (match/methods.py) lists them
 
 
 def _progress(enabled: bool, desc: str, total=None):
