@@ -281,7 +281,7 @@ def _split_spec(spec: str):
 
 def load_data(spec: str, block_size: int = 64, limit: int | None = None):
     """(train dataset, test dataset) for a --data spec."""
-    from . import data as D
+    from .. import data as D
 
     name, arg = _split_spec(spec)
     if name == "digits":
@@ -356,13 +356,13 @@ def _model_data(args, models, paths=None):
 
 
 def _is_text_model(model) -> bool:
-    from .models.adapters import adapter_for
+    from ..models.adapters import adapter_for
 
     return adapter_for(model).arch(model).family == "gpt2"
 
 
 def _batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, device, seed: int = 0):
-    from .data import loader
+    from ..data import loader
 
     out = []
     for i, (x, y) in enumerate(loader(dataset, batch_size, shuffle=shuffle, seed=seed)):
@@ -374,7 +374,7 @@ def _batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, d
 
 # ---------------------------------------------------------------- models
 def _load(path, device):
-    from .io import load_model
+    from ..io import load_model
 
     return load_model(path, device=device)
 
@@ -388,7 +388,7 @@ def _config_fields(model: str) -> dict:
     """{field name: type name} of the model's config dataclass."""
     import dataclasses
 
-    from .models import GPT2Config, ViTConfig
+    from ..models import GPT2Config, ViTConfig
 
     cls = GPT2Config if model == "gpt2" else ViTConfig
     return {f.name: str(f.type) for f in dataclasses.fields(cls)}
@@ -437,9 +437,9 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     """(recipe name or None, model factory(seed), config, hyper-parameters, batch size)."""
     import dataclasses
 
-    from .data.base import ImageDataset, TokenDataset
-    from .models import GPT2, GPT2Config, ViT, ViTConfig
-    from .recipes import recipe
+    from ..data.base import ImageDataset, TokenDataset
+    from ..models import GPT2, GPT2Config, ViT, ViTConfig
+    from ..recipes import recipe
 
     name, _ = _split_spec(args.data)
     overrides = dict(overrides)
@@ -489,7 +489,7 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     bs = args.batch_size or bs
 
     def factory(seed):
-        from .train import seed_everything
+        from ..train import seed_everything
 
         seed_everything(seed)
         return cls(cfg)
@@ -512,8 +512,8 @@ def _overridden(cls, cfg, overrides: dict, items):
 
 # ---------------------------------------------------------------- commands
 def cmd_train(args, con: Console) -> int:
-    from .io import save_model, write_json
-    from .train import train
+    from ..io import save_model, write_json
+    from ..train import train
 
     if len(set(args.seeds)) != len(args.seeds):
         raise CLIError(f"--seeds {' '.join(map(str, args.seeds))}: a seed is given twice")
@@ -525,7 +525,7 @@ def cmd_train(args, con: Console) -> int:
     outputs.file("--out", out / "train.json")
     outputs.check()
 
-    from .recipes import recipe
+    from ..recipes import recipe
 
     name, _ = _split_spec(args.data)
     if args.model == "vit" and name == "fashion-mnist" and args.limit is None and ":" not in args.data:
@@ -561,7 +561,7 @@ AUGMENTATIONS = {"none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift",
 
 def _augmentation(name: str):
     """--augment NAME -> an lmc_fast.data.augment object (None for "none")."""
-    from .data import augment
+    from ..data import augment
 
     spec = AUGMENTATIONS[name]
     return None if spec is None else getattr(augment, spec[0])(spec[1])
@@ -577,7 +577,7 @@ def align_summary_path(out) -> Path:
 def cmd_align(args, con: Console) -> int:
     import lmc_fast as lf
 
-    from .io import write_json
+    from ..io import write_json
 
     out = Path(args.out)
     if out.suffix != ".safetensors":
@@ -630,7 +630,7 @@ def _verify_alignment(al, a, b, args):
 def cmd_sweep(args, con: Console) -> int:
     import lmc_fast as lf
 
-    from .io import write_json
+    from ..io import write_json
 
     lambdas = lambda_grid(args.lambdas)
     outputs = Outputs([args.a, args.b, args.align, *_data_paths(args.data)])
@@ -663,7 +663,7 @@ def cmd_sweep(args, con: Console) -> int:
     con.out(f"{name}: loss barrier {res.barrier:.4f}, acc barrier {res.acc_barrier:.4f}, "
             f"loss at 0.5 {mid['loss']:.4f}, acc at 0.5 {mid['acc']:.4f} ({res.seconds:.1f} s) -> {args.out}")
     if args.plot:
-        from .plots import plot_curves
+        from ..plots import plot_curves
 
         plot_curves(out["results"], args.plot, title=f"{Path(args.a).name} -> {Path(args.b).name} ({name}, {space})")
         con.out(f"plot -> {args.plot}")
@@ -680,7 +680,7 @@ def _merge_entries(out: Path, n: int) -> dict:
 def cmd_merge(args, con: Console) -> int:
     import lmc_fast as lf
 
-    from .io import save_model, write_json
+    from ..io import save_model, write_json
 
     if len(args.models) < 2:
         raise CLIError("merge needs at least two models")
@@ -730,7 +730,7 @@ def cmd_merge(args, con: Console) -> int:
     save_model(merged, entries["merged"], metadata={"sources": args.models, "method": args.method, "data": spec,
                                                     "weights": [1.0 / n] * n, **_block_meta(models[0])})
     if "simplex" in result and n == 3:
-        from .plots import plot_simplex
+        from ..plots import plot_simplex
 
         plot_simplex(result["simplex"], entries["simplex"], labels=[Path(p).name for p in args.models])
     write_json(entries["json"], result)  # last: its presence says the merge finished
@@ -765,7 +765,7 @@ def _read_result(path: Path) -> dict:
 
 
 def cmd_plot(args, con: Console) -> int:
-    from .plots import overlay_curves, plot_result_file, result_figures
+    from ..plots import overlay_curves, plot_result_file, result_figures
 
     paths = [Path(p) for p in args.results]
     if len(paths) > 1 and not args.out:
@@ -789,7 +789,7 @@ def cmd_plot(args, con: Console) -> int:
 
 
 def _check_plottable(path: Path, result: dict, overlay: bool):
-    from .plots import result_curves, result_figures
+    from ..plots import result_curves, result_figures
 
     try:
         if overlay and not result_curves(result):
@@ -806,7 +806,7 @@ def _labels(paths) -> list[str]:
 
 
 def cmd_demo(args, con: Console) -> int:
-    from .demo import QUICK_NOTE, demo_outputs, format_table, run_demo
+    from ..demo import QUICK_NOTE, demo_outputs, format_table, run_demo
 
     out = Path(args.out)
     outputs = Outputs()
@@ -989,7 +989,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     try:
-        from . import __version__
+        from .. import __version__
 
         return __version__
     except Exception:  # pragma: no cover
@@ -1030,7 +1030,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     con = Console(getattr(args, "quiet", False))
-    from .models.adapters import UnsupportedModelError
+    from ..models.adapters import UnsupportedModelError
 
     try:
         _set_threads(args)
@@ -1048,7 +1048,3 @@ def main(argv=None) -> int:
         if not _is_out_of_memory(exc):
             raise  # a bug: keep the traceback
         return error(f"out of memory ({_one_line(exc)[:200]}); try a smaller --batch-size, --max-tokens or --samples")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
