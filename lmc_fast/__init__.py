@@ -24,14 +24,15 @@ _EXPORTS = {
     "simplex": ".sweep",
     "align": ".match",
     "merge_many": ".match",
+    "LearnedAlignment": ".match.learned_module",
     "UnsupportedModelError": ".models.adapters",
 }
 #: subpackages reachable as attributes (`lmc_fast.data.loader(...)`) without importing them first
-_SUBMODULES = ("atomic", "cli", "data", "demo", "errors", "io", "kernels", "match", "models", "numerics", "plots",
-               "recipes", "sweep", "symmetry", "train")
+_SUBMODULES = ("atomic", "callbacks", "cli", "data", "demo", "errors", "instability", "io", "kernels", "match",
+               "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train")
 
-__all__ = ["Alignment", "BarrierResult", "UnsupportedModelError", "align", "barrier", "evaluate", "interpolate",
-           "kernels", "merge_many", "models", "simplex", "to_canonical"]
+__all__ = ["Alignment", "BarrierResult", "LearnedAlignment", "UnsupportedModelError", "align", "barrier", "evaluate",
+           "interpolate", "kernels", "merge_many", "models", "simplex", "to_canonical"]
 
 
 def __getattr__(name: str):

@@ -208,3 +208,44 @@ def test_endpoint_target_on_a_language_model():
     assert al.info["steps"] == 4 and al.info["target"] == "endpoints"
     x = make_inputs("gpt2", seed=9)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+
+
+def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier():
+    """lf.LearnedAlignment is an nn.Module whose parameters are the latents: a user's own Adam
+    loop on the midpoint loss lowers the barrier of a planted symmetry started from identity."""
+    from lmc_fast.sweep.metrics import task_loss
+
+    a = make_model("vit", seed=61, dtype=torch.float32)
+    with torch.no_grad():  # larger weights: sharper logits, so the planted barrier is clear (~0.08)
+        for p in a.parameters():
+            if p.dim() == 2:
+                p.mul_(3)
+    spec = canonical_spec(standard_params(a)[0])
+    b = Alignment.random(spec, seed=5).apply(a)  # A under a random symmetry: a zero barrier is reachable
+    data = [(make_inputs("vit", seed=s, batch=16, dtype=torch.float32), None) for s in range(6)]
+    with torch.no_grad():  # labelled by A, so the task is A's function
+        data = [(x, logits(a, x).argmax(-1)) for x, _ in data]
+    la = lf.LearnedAlignment(a, b, init="identity")
+    assert {n for n, _ in la.named_parameters()} <= {"latents.0.mlp_latent", "latents.0.head_perm",
+                                                      "latents.0.head_maps", "latents.0.residual"}
+    assert set(la.state_dict()) == {n for n, _ in la.named_parameters()} | {"latents.0.Q"}  # no model weights
+    x = data[0][0]
+    assert rel_err(la(x, lam=0.0), logits(a, x)) < 1e-4 and rel_err(la(x, lam=1.0), logits(b, x)) < 1e-4
+    assert la(x, lam=[0.0, 0.5, 1.0]).shape == (3, *logits(a, x).shape)
+    before = lf.barrier(a, la.aligned_model(), data, lambdas=5).barrier
+
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(la.parameters(), lr=0.02)
+    for step in range(20):
+        xb, yb = data[step % len(data)]
+        loss = task_loss(la(xb, lam=0.4 + 0.2 * torch.rand(()).item()), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    al = la.alignment()
+    assert al.info["method"] == "learned" and al.info["init"] == "identity"
+    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4  # still B's function
+    after = lf.barrier(a, la.aligned_model(), data, lambdas=5).barrier
+    assert before > 0.05 and after < 0.25 * before, (before, after)
+    with pytest.raises(ValueError, match="init must be"):
+        lf.LearnedAlignment(a, b, init="nonsense")

@@ -22,9 +22,9 @@ from ..sweep.checks import check_batch, spec_from_params
 from ..sweep.engine import evaluate_mixtures_fused
 from ..sweep.metrics import has_kept_targets, task_loss
 from ..sweep.simplex import check_alpha
-from ..symmetry import Alignment, canonical_spec, check_same_arch, prepare_params
-from ..symmetry import elements as E
-from .projection import Latents, apply_dense
+from ..symmetry import Alignment, check_same_arch, prepare_params
+from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment
+from .learned_module import mix as _mix  # noqa: F401 - the old private name
 
 LAMBDA_MODES = ("narrow", "uniform", "fixed")
 
@@ -47,15 +47,6 @@ def sample_weights(mode, n_models: int, k: int, gen: torch.Generator, alpha: flo
     return torch.stack([1 - lam, lam], dim=1)
 
 
-def _mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
-    """(K, N) weights, N tensors -> (K, ...) mixtures, as broadcast multiply-adds."""
-    out = None
-    for n, t in enumerate(tensors):
-        term = w[:, n].reshape(-1, *([1] * t.dim())) * t
-        out = term if out is None else out + term
-    return out
-
-
 def split_batches(data, val_fraction: float):
     batches = list(reiterable(data))
     if len(batches) < 2:
@@ -69,7 +60,6 @@ def _val_barrier(arch, params_list, mixes, val, own_losses, dtype, device) -> fl
     return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
 
 
-LEARN_MODES = ("all", "continuous", "residual")
 TARGETS = ("labels", "endpoints")
 
 
@@ -86,31 +76,43 @@ def _mixed_endpoint_probs(arch, stacked_ends, w, x, temperature: float = 1.0) ->
         return torch.einsum("kn,n...->k...", w.float(), probs)
 
 
-def _trainable(lat: Latents, learn: str):
-    """The latents to optimise: every group, only the continuous maps (residual rotation and
-    per-head maps; permutations stay at their initial solution), or only the residual."""
-    if learn not in LEARN_MODES:
-        raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
-    keep = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",)}[learn]
-    return [p for name, p in lat.named_parameters() if keep is None or name in keep]
-
-
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
                      alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
                      device="cpu", learn="all", target="labels", temperature=1.0, augment=None,
                      progress=False):
-    """Core loop: params_list[0] is the fixed reference; latents for every other model.
+    """Core loop on parameters: params_list[0] is the fixed reference; latents for every other model.
+    Returns (best hard elements per model after the first, info); see `fit_alignments`."""
+    if learn not in LEARN_MODES:
+        raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
+    _check_target(target, augment)
+    module = MixedAlignments(spec, params_list, init_elements, dtype=dtype, device=device, learn=learn)
+    return fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, alpha=alpha,
+                          lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience, seed=seed,
+                          target=target, temperature=temperature, augment=augment, progress=progress)
+
+
+def _check_target(target: str, augment) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if target == "labels" and not getattr(augment, "label_preserving", True):
+        raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
+
+
+def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, lam="narrow", alpha=1.0,
+                   lambdas_per_step=4, eval_every=50, patience=6, seed=0, target="labels", temperature=1.0,
+                   augment=None, progress=False):
+    """The learned-matching loop over a `MixedAlignments` (e.g. a `LearnedAlignment`): Adam on
+    the latents that require grad, cosine schedule, early stopping on the validation barrier.
 
     target="labels": the task loss of each mixture. target="endpoints": cross-entropy against
     the same mixture of the end models' predictive distributions (a distillation target, which
     still carries signal where the end models fit the training labels perfectly, and needs
     no labels on augmented inputs). augment(x, generator) -> x transforms each training batch.
+    Returns (best hard elements per model after the first, info).
     """
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    if target == "labels" and not getattr(augment, "label_preserving", True):
-        raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
-    arch, N = spec.arch, len(params_list)
+    _check_target(target, augment)
+    spec, arch, params_list, learn = module.spec, module.arch, module.params_list, module.learn
+    N = module.n_models
     if N > 2:
         alpha = check_alpha(alpha)
     inputs = spec_from_params(arch, params_list[0])
@@ -119,10 +121,11 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    fixed = [{k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list]
+    fixed = module.fixed_params()
+    first = next(iter(fixed[0].values()))
+    dtype, device = first.dtype, first.device
     stacked_ends = Fn.stack(fixed) if target == "endpoints" else None
-    latents = [Latents(spec, el, dtype).to(device) for el in init_elements]
-    params = [p for lat in latents for p in _trainable(lat, learn)]
+    params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     mixes = [[1.0 - l, l] for l in (0.25, 0.5, 0.75)] if N == 2 else [[1.0 / N] * N]
@@ -130,8 +133,7 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
                                                                    val, dtype=dtype, device=device)], dtype=torch.float64)
 
     def hard_params():
-        with torch.no_grad():
-            hard = [lat.project()[1] for lat in latents]
+        hard = module.hard_elements()
         aligned = [params_list[0]] + [Alignment(spec, h).apply_params(p) for h, p in zip(hard, params_list[1:])]
         return hard, aligned
 
@@ -155,9 +157,7 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
         if augment is not None:
             x = augment(x, gen)
         w = sample_weights(lam, N, lambdas_per_step, gen, alpha).to(device=device, dtype=dtype)
-        moved = [fixed[0]] + [apply_dense(spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], latents)]
-        theta = {k: _mix(w, [m[k] for m in moved]) for k in moved[0]}
-        logits = Fn.forward(arch, theta, x)
+        logits = module.mixture_logits(x, w)
         # a batch whose every label is the ignore index (-100) teaches nothing: no Adam step
         # (a zero gradient would still move the latents through Adam's momentum)
         learns = target != "labels" or has_kept_targets(logits[0], y)
@@ -201,36 +201,23 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     return best[2], info
 
 
-def exact_alignment(spec, hard: dict, info: dict) -> Alignment:
-    """The learned elements moved onto their groups in float64: the projections are only
-    float32-accurate, and an alignment must pass validation (1e-10) and compose exactly."""
-    return Alignment(spec, {n: E.snap(g, hard[n]) for n, g in spec.groups.items()}, info)
-
-
 def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
                      lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
                      head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
                      target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0, device=None,
                      progress: bool = False) -> Alignment:
     """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A."""
-    from .align import align
-
-    arch_a, raw_a = standard_params(model_a)
-    arch_b, raw_b = standard_params(model_b)
-    check_same_arch(arch_a, arch_b, "model_b")
     train, val = split_batches(data, val_fraction)
-    if init is None:
-        init = align(model_a, model_b, "weight", seed=seed)
-    spec = canonical_spec(arch_a, head_map)
-    pa, pb = prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)
-    device = device or next(model_a.parameters()).device
-    hard, info = learn_alignments(spec, [pa, pb], [init.elements], train, val, steps=steps, lr=lr, lam=lam,
-                                  lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience,
-                                  seed=seed, device=device, learn=learn, target=target,
-                                  temperature=temperature, augment=augment,
-                                  progress=progress)
-    info["init"] = init.info.get("method", "weight")
-    return exact_alignment(spec, hard[0], info)
+    if learn not in LEARN_MODES:
+        raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
+    _check_target(target, augment)
+    module = LearnedAlignment(model_a, model_b, "weight" if init is None else init, head_map=head_map, learn=learn,
+                              device=device, seed=seed)
+    hard, info = fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step,
+                                eval_every=eval_every, patience=patience, seed=seed, target=target,
+                                temperature=temperature, augment=augment, progress=progress)
+    info["init"] = "weight" if init is None else init.info.get("method", "weight")
+    return exact_alignment(module.spec, hard[0], info)
 
 
 def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: float = 1.0,
