@@ -143,7 +143,12 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     finally:
         if bar is not None:
             bar.close()
-    by_lam = dict(zip(evals, results))
+    return barrier_result(lams, dict(zip(evals, results)), space, engine, time.perf_counter() - t0)
+
+
+def barrier_result(lams: list[float], by_lam: dict, space: str, engine: str, seconds: float) -> BarrierResult:
+    """The BarrierResult of the metrics rows `by_lam` (lambda -> metrics dict, holding 0 and 1)
+    over the grid `lams`; shared with `lmc_fast.monitor`, which evaluates parameters directly."""
     ra, rb = by_lam[0.0], by_lam[1.0]
     rows = [by_lam[l] for l in lams]
     chord = [(1 - l) * ra["loss"] + l * rb["loss"] for l in lams]
@@ -154,5 +159,5 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
         ppl=[r["ppl"] for r in rows] if "ppl" in ra else None,
         loss_a=ra["loss"], loss_b=rb["loss"], acc_a=ra["acc"], acc_b=rb["acc"],
         barrier=max(signed), acc_barrier=max(acc_drop), signed=signed, signed_min=min(signed),
-        signed_max=max(signed), space=space, engine=engine, seconds=time.perf_counter() - t0,
+        signed_max=max(signed), space=space, engine=engine, seconds=seconds,
     )
