@@ -1,0 +1,89 @@
+"""`lmc-fast align`: align model B onto model A; the alignment file and its JSON summary."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .args import add_command, data_options, finite_positive_float, model_pair, positive_int
+from .console import CLIError, Console
+from .data import batches, data_paths, model_data
+from .models import load
+from .outputs import Outputs, now
+
+AUGMENTATIONS = {"none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1), "noise": ("GaussianNoise", 0.1)}
+
+
+def register(subparsers, parents):
+    a = add_command(subparsers, "align", "align model B onto model A", parents)
+    model_pair(a)
+    a.add_argument("--method", default="weight", choices=["weight", "permutation", "activation", "learned"],
+                   help="matching method")
+    a.add_argument("--steps", type=positive_int, default=1000, help="learned matching: Adam steps")
+    a.add_argument("--lr", type=finite_positive_float, default=3e-3, help="learned matching: Adam learning rate")
+    a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default="narrow",
+                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5")
+    a.add_argument("--target", choices=["labels", "endpoints"], default="labels",
+                   help="learned matching: fit the labels, or the same mixture of the end models' predictions")
+    a.add_argument("--temperature", type=finite_positive_float, default=1.0,
+                   help="learned matching: softens --target endpoints")
+    a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default="none",
+                   help="learned matching: input augmentation (mixup needs --target endpoints; images only)")
+    a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
+    data_options(a, "training batch size for activation / learned matching (default 64)")
+
+
+def _augmentation(name: str):
+    """--augment NAME -> an lmc_fast.data.augment object (None for "none")."""
+    from ..data import augment
+
+    spec = AUGMENTATIONS[name]
+    return None if spec is None else getattr(augment, spec[0])(spec[1])
+
+
+def align_summary_path(out) -> Path:
+    """The JSON summary beside an alignment file: w.safetensors -> w.align.json (never w.json,
+    the name a later `sweep --out w.json` would naturally take)."""
+    out = Path(out)
+    return out.with_name(out.stem + ".align.json")
+
+
+def run(args, con: Console) -> int:
+    import lmc_fast as lf
+
+    from ..io import write_json
+
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise CLIError(f"--out must end in .safetensors, got {out}")
+    summary = align_summary_path(out)
+    outputs = Outputs([args.a, args.b, *data_paths(args.data)])
+    outputs.file("--out", out)
+    outputs.file("--out (its summary)", summary)
+    outputs.check()
+    a, b = load(args.a, args.device), load(args.b, args.device)
+    kw = {}
+    data_spec = None
+    if args.method in ("activation", "learned"):
+        data_spec, train_ds, _ = model_data(args, [a, b], [args.a, args.b])
+        kw["data"] = batches(train_ds, args.batch_size or 64, True, args.max_batches, args.device)
+        if args.method == "activation":
+            kw["max_batches"] = args.max_batches
+        else:
+            kw.update(steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
+                      temperature=args.temperature, augment=_augmentation(args.augment))
+    con.log(f"aligning {args.b} onto {args.a} with {args.method} matching")
+    t0 = time.perf_counter()
+    al = lf.align(a, b, args.method, progress=not args.quiet, seed=args.seed, **kw)
+    seconds = time.perf_counter() - t0
+    info = {"kind": "align", "a": args.a, "b": args.b, "method": args.method, "data": data_spec,
+            "space": al.spec.space, "seconds": seconds, "info": _jsonable(al.info), "alignment": str(out), "date": now()}
+    out.parent.mkdir(parents=True, exist_ok=True)  # checked writable above; Alignment.save needs the folder
+    al.save(out)
+    write_json(summary, info)
+    con.out(f"{args.method} alignment ({al.spec.space} space) in {seconds:.2f} s -> {out} (summary {summary})")
+    return 0
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

@@ -1,0 +1,85 @@
+"""`lmc-fast sweep`: loss/accuracy along the linear path A -> (aligned) B."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .args import MAX_LAMBDAS, add_command, data_options, lambda_grid, lambda_value, model_pair, positive_int
+from .console import CLIError, Console, one_line
+from .data import batches, data_paths, model_data
+from .models import load
+from .outputs import Outputs, now
+
+
+def register(subparsers, parents):
+    s = add_command(subparsers, "sweep", "loss/accuracy along the linear path A -> (aligned) B", parents)
+    model_pair(s)
+    s.add_argument("--align", default=None, help="alignment file from `lmc-fast align`, applied to B (default: none)")
+    s.add_argument("--force", action="store_true",
+                   help="apply the alignment even if it was made for other models")
+    s.add_argument("--space", choices=["canonical", "raw"], default=None,
+                   help="interpolation space (default: the alignment's; raw without --align)")
+    s.add_argument("--lambdas", type=lambda_value, nargs="+", default=[25],
+                   help=f"a count (2 to {MAX_LAMBDAS}; default 25) or several explicit values in [0, 1]")
+    s.add_argument("--split", choices=["test", "train"], default="test", help="data split to evaluate on")
+    s.add_argument("--engine", choices=["fused", "loop"], default="fused", help="sweep engine")
+    s.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="tokens per fused pass (default: 2048 on CPU, 262144 on CUDA)")
+    s.add_argument("--name", default=None, help="label of this curve in the JSON/plot (default: the method)")
+    s.add_argument("--out", required=True, help="result JSON")
+    s.add_argument("--plot", default=None, help="also write a PNG of the curve (default: no plot)")
+    data_options(s, "evaluation batch size (default 256)")
+
+
+def _verify_alignment(al, a, b, args):
+    """Refuse an alignment made for other models (unless --force); older files carry no fingerprint."""
+    verify = getattr(al, "verify_models", None)
+    if verify is None:
+        return
+    try:
+        verify(a, b, force=args.force)
+    except ValueError as exc:
+        msg = one_line(exc)
+        raise CLIError(f"--align {args.align}: {msg}" + ("" if "force" in msg else " (--force applies it anyway)")) from None
+
+
+def run(args, con: Console) -> int:
+    import lmc_fast as lf
+
+    from ..io import write_json
+
+    lambdas = lambda_grid(args.lambdas)
+    outputs = Outputs([args.a, args.b, args.align, *data_paths(args.data)])
+    outputs.file("--out", args.out)
+    if args.plot:
+        outputs.file("--plot", args.plot)
+    outputs.check()
+    a, b = load(args.a, args.device), load(args.b, args.device)
+    space = args.space
+    label = "none"
+    if args.align:
+        al = lf.Alignment.load(args.align)
+        _verify_alignment(al, a, b, args)
+        b = al.apply(b)
+        space = space or al.spec.space
+        label = al.info.get("method") or Path(args.align).stem
+    space = space or "raw"
+    spec, train_ds, test_ds = model_data(args, [a, b], [args.a, args.b])
+    ds = test_ds if args.split == "test" else train_ds
+    data = batches(ds, args.batch_size or 256, False, args.max_batches, "cpu")
+    con.log(f"sweeping {len(data)} {args.split} batches of {spec}, space={space}")
+    res = lf.barrier(a, b, data, lambdas=lambdas, space=space, engine=args.engine, max_tokens=args.max_tokens,
+                     progress=not args.quiet)
+    name = args.name or label
+    out = {"kind": "sweep", "a": args.a, "b": args.b, "align": args.align, "space": space, "data": spec,
+           "split": args.split, "examples": sum(len(y) for _, y in data), "results": {name: res.to_dict()},
+           "date": now()}
+    write_json(args.out, out)
+    mid = res.at(0.5)
+    con.out(f"{name}: loss barrier {res.barrier:.4f}, acc barrier {res.acc_barrier:.4f}, "
+            f"loss at 0.5 {mid['loss']:.4f}, acc at 0.5 {mid['acc']:.4f} ({res.seconds:.1f} s) -> {args.out}")
+    if args.plot:
+        from ..plots import plot_curves
+
+        plot_curves(out["results"], args.plot, title=f"{Path(args.a).name} -> {Path(args.b).name} ({name}, {space})")
+        con.out(f"plot -> {args.plot}")
+    return 0
