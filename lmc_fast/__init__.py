@@ -28,8 +28,8 @@ _EXPORTS = {
     "UnsupportedModelError": ".models.adapters",
 }
 #: subpackages reachable as attributes (`lmc_fast.data.loader(...)`) without importing them first
-_SUBMODULES = ("atomic", "callbacks", "cli", "data", "demo", "errors", "instability", "io", "kernels", "match",
-               "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train")
+_SUBMODULES = ("atomic", "callbacks", "cli", "data", "demo", "errors", "grid", "instability", "io", "kernels",
+               "match", "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train")
 
 __all__ = ["Alignment", "BarrierResult", "LearnedAlignment", "UnsupportedModelError", "align", "barrier", "evaluate",
            "interpolate", "kernels", "merge_many", "models", "simplex", "to_canonical"]

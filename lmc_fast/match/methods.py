@@ -20,14 +20,21 @@ class Method:
     space: str  # "raw" | "canonical": the parameters its linear path interpolates
     aligns: bool  # False only for "none": no alignment, model B as it is
     summary: str
+    options: tuple[str, ...] = ()  # the keyword options of `lf.align` that change its result
 
 
+_SOLVER = ("seed", "max_iter", "tol", "order")
+_LEARNED = ("steps", "lr", "lam", "lambdas_per_step", "val_fraction", "eval_every", "patience", "head_map", "learn",
+            "target", "temperature", "augment", "seed")
 _ALL = (
     Method("none", False, "raw", False, "raw parameters, no alignment (the baseline every paper reports)"),
-    Method("permutation", False, "raw", True, "Git Re-Basin weight matching of the MLP permutations on raw parameters"),
-    Method("weight", False, "canonical", True, "weight matching over every Transformer symmetry group"),
-    Method("activation", True, "canonical", True, "the same solvers on activation cross-covariances over data"),
-    Method("learned", True, "canonical", True, "straight-through optimisation of the alignment on midpoint loss"),
+    Method("permutation", False, "raw", True, "Git Re-Basin weight matching of the MLP permutations on raw parameters",
+           _SOLVER),
+    Method("weight", False, "canonical", True, "weight matching over every Transformer symmetry group", _SOLVER),
+    Method("activation", True, "canonical", True, "the same solvers on activation cross-covariances over data",
+           ("max_batches",)),
+    Method("learned", True, "canonical", True, "straight-through optimisation of the alignment on midpoint loss",
+           _LEARNED),
 )
 
 #: name -> Method, in the order tables and plots list them

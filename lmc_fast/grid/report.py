@@ -1,0 +1,85 @@
+"""The grid's outputs from its records: results.jsonl, summary.csv / summary.md, barriers.png, curves.png."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from pathlib import Path
+
+from ..atomic import atomic_file, json_text
+
+STATS = ("n", "median", "min", "max", "mean", "std")
+#: the per-method quantities summarised: the loss barrier and the accuracy at lambda = 0.5
+QUANTITIES = (("barrier", "barrier"), ("acc_mid", "acc_mid"))
+
+
+def _stats(values: list[float]) -> dict:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return {"n": 0, **{k: math.nan for k in STATS[1:]}}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values),
+            "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else math.nan}
+
+
+def summarise(records: list[dict], methods) -> list[dict]:
+    """One row per method (in `methods` order): n and the statistics of the barrier and of acc at 0.5."""
+    rows = []
+    for method in methods:
+        rs = [r for r in records if r["method"] == method]
+        row = {"method": method, "n": len(rs)}
+        for field, label in QUANTITIES:
+            for k, v in _stats([r.get(field) for r in rs]).items():
+                if k != "n":
+                    row[f"{label}_{k}"] = v
+        rows.append(row)
+    return rows
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:  # NaN (a single pair's std) as an empty cell
+        writer.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else
+                             (repr(v) if isinstance(v, float) else v)) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def _num(v, pct: bool = False) -> str:
+    if not isinstance(v, float) or not math.isfinite(v):
+        return "-"
+    return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ["method", "n"] + [f"barrier {k}" for k in STATS[1:]] + [f"acc@0.5 {k}" for k in STATS[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r["method"], str(r["n"])] + [_num(r[f"barrier_{k}"]) for k in STATS[1:]] + \
+                [_num(r[f"acc_mid_{k}"], pct=True) for k in STATS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(records: list[dict], spec, out: Path) -> list[dict]:
+    """Every output of rank 0; returns the summary rows."""
+    from .plots import plot_barriers, plot_grid_curves
+
+    _write_text(out / "results.jsonl", "".join(json_text(r, indent=None) for r in records))
+    rows = summarise(records, spec.methods)
+    _write_text(out / "summary.csv", _csv(rows))
+    title = (f"{len(spec.pairs)} pairs on {spec.data} ({spec.split}), {len(spec.lambdas)} lambdas; "
+             "loss barrier and accuracy at lambda = 0.5")
+    _write_text(out / "summary.md", f"# Grid summary\n\n{title}\n\n{markdown_table(rows)}")
+    plot_barriers(records, spec.methods, out / "barriers.png")
+    plot_grid_curves(records, spec.methods, out / "curves.png")
+    return rows
+
+
+__all__ = ["markdown_table", "summarise", "write_reports"]

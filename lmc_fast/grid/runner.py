@@ -1,0 +1,251 @@
+"""Running a grid: every (pair, method) unit once, resumable, split across torchrun's ranks.
+
+Each finished unit is one JSON file, OUT/units/<key>.json, written atomically by the rank that
+computed it; each alignment is OUT/alignments/<key>.safetensors. A unit whose file exists is
+not run again (unless resume=False), so a run killed at any moment continues where it stopped.
+When every rank is done, rank 0 rebuilds results.jsonl (unit order), the summaries and plots
+from the unit files.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+
+from ..match.methods import REGISTRY
+from .dist import Group, process_group
+from .models import ModelCache, model_paths, train_recipe_models
+from .spec import GridSpec, load_spec, parse_spec
+from .units import Unit, make_units, my_units
+
+def _as_spec(spec) -> GridSpec:
+    if isinstance(spec, GridSpec):
+        return spec
+    if isinstance(spec, dict):
+        return parse_spec(spec)
+    return load_spec(spec)
+
+
+def _data(spec: GridSpec):
+    """(train dataset, test dataset) of the spec's data, through the CLI's --data parser (one grammar)."""
+    from .. import cli
+
+    try:
+        return cli.load_data(spec.data, spec.block_size or 64)
+    except cli.CLIError as exc:
+        raise ValueError(f"data.spec: {exc}") from None
+
+
+def _batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, device: str) -> list:
+    from ..data import loader
+
+    out = []
+    for x, y in loader(dataset, batch_size, shuffle=shuffle, seed=0):
+        if max_batches is not None and len(out) >= max_batches:
+            break
+        out.append((x.to(device), y.to(device)))
+    return out
+
+
+def _align_options(method: str, options: dict) -> dict:
+    opts = dict(options)
+    if "augment" in opts:  # by name, as the CLI's --augment (a TOML value cannot be an object)
+        from ..cli import AUGMENTATIONS
+        from ..data import augment
+
+        kind = AUGMENTATIONS[opts["augment"]]  # a known name: checked with the spec
+        opts["augment"] = None if kind is None else getattr(augment, kind[0])(kind[1])
+    return opts
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def read_unit(path: Path, key: str) -> dict | None:
+    """The stored record of unit `key`, or None if absent or not a finished record of that key."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("key") == key and "barrier" in record else None
+
+
+class Runner:
+    """One rank's view of a grid: its models, data and the units it computes."""
+
+    def __init__(self, spec: GridSpec, out: Path, group: Group, resume: bool, log):
+        self.spec, self.out, self.group, self.resume, self.log = spec, out, group, resume, log
+        self.paths = model_paths(spec, out)
+        self.models = ModelCache(self.paths, group.device)
+        self._train_ds = self._test_ds = None
+        self._eval = self._match = None
+
+    # ---- data, loaded on first use (a grid of finished units never reads it)
+    def _datasets(self):
+        if self._train_ds is None:
+            self._train_ds, self._test_ds = _data(self.spec)
+        return self._train_ds, self._test_ds
+
+    def eval_batches(self) -> list:
+        if self._eval is None:
+            train_ds, test_ds = self._datasets()
+            ds = test_ds if self.spec.split == "test" else train_ds
+            self._eval = _batches(ds, self.spec.batch_size, False, self.spec.max_batches, self.group.device)
+        return self._eval
+
+    def match_batches(self) -> list:
+        if self._match is None:
+            train_ds, _ = self._datasets()
+            self._match = _batches(train_ds, self.spec.match_batch_size, True, self.spec.match_max_batches,
+                                   self.group.device)
+        return self._match
+
+    # ---- one unit
+    def _alignment(self, unit: Unit, a, b, seconds: dict):
+        """The unit's alignment: the stored file when resuming and it fits these models, else solved and stored.
+        Always the one read back from the file, so a resumed run applies exactly what a fresh one does."""
+        from ..match.methods import align_with
+        from ..symmetry import Alignment
+
+        path = self.out / "alignments" / f"{unit.alignment_key}.safetensors"
+        reused = False
+        if self.resume and path.exists():
+            try:
+                al = Alignment.load(path)
+                al.verify_models(a, b)
+                reused = True
+            except ValueError:
+                reused = False  # unreadable or made for other weights: solve again
+        if not reused:
+            t0 = time.perf_counter()
+            opts = _align_options(unit.method, self.spec.options.get(unit.method, {}))
+            data = self.match_batches() if REGISTRY[unit.method].needs_data else None
+            try:
+                al = align_with(unit.method, a, b, data, **opts)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"methods.{unit.method}: {' '.join(str(exc).split())}") from exc
+            seconds["solve"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            al.save(path)
+            al = Alignment.load(path)
+            seconds["write"] = time.perf_counter() - t0
+        return al, reused, path
+
+    def compute(self, unit: Unit) -> dict:
+        import lmc_fast as lf
+
+        seconds = {"load": 0.0, "solve": 0.0, "canonicalise": 0.0, "sweep": 0.0, "write": 0.0}
+        t0 = time.perf_counter()
+        i, j = unit.pair
+        a, b = self.models.get(i), self.models.get(j)
+        seconds["load"] = time.perf_counter() - t0
+        m = REGISTRY[unit.method]
+        al, reused, al_path = (None, False, None)
+        if m.aligns:
+            al, reused, al_path = self._alignment(unit, a, b, seconds)
+            t0 = time.perf_counter()
+            b = al.apply(b)
+            seconds["canonicalise"] = time.perf_counter() - t0
+        batches = self.eval_batches()
+        t0 = time.perf_counter()
+        res = lf.barrier(a, b, batches, lambdas=list(self.spec.lambdas), space=m.space, device=self.group.device)
+        seconds["sweep"] = time.perf_counter() - t0
+        mid = res.at(0.5)
+        record = {"unit": unit.index, "key": unit.key, "pair": list(unit.pair), "a": self.paths[i],
+                  "b": self.paths[j], "method": unit.method, "options": self.spec.options.get(unit.method, {}),
+                  "space": m.space, "data": self.spec.data, "split": self.spec.split,
+                  "examples": sum(len(y) for _, y in batches), "barrier": res.barrier,
+                  "acc_barrier": res.acc_barrier, "loss_mid": mid["loss"], "acc_mid": mid["acc"],
+                  "curve": res.to_dict(), "info": _jsonable(al.info) if al is not None else {},
+                  "alignment": str(al_path.relative_to(self.out)) if al_path is not None else None,
+                  "alignment_reused": reused, "seconds": seconds, "rank": self.group.rank,
+                  "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        return record
+
+
+def _unit_path(out: Path, unit: Unit) -> Path:
+    return out / "units" / f"{unit.key}.json"
+
+
+def _profiled(fn, folder: Path, unit: Unit):
+    """fn() under torch.profiler; its Chrome trace -> folder/unit<index>-<method>.json."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import torch
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        result = fn()
+    folder.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(folder / f"unit{unit.index}-{unit.method}.json"))
+    return result
+
+
+def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profile=None) -> dict:
+    """Run grid `spec` (a GridSpec, a spec dict, or a TOML path) into folder `out`.
+
+    Returns {"records": [...], "summary": [...], "computed": units computed by this process,
+    "reused": units found finished, "rank", "world"}; records/summary only on rank 0 (else empty).
+    `profile`: a folder for a torch.profiler Chrome trace of the first unit rank 0 computes."""
+    from ..atomic import write_json
+    from .report import write_reports
+
+    spec = _as_spec(spec)
+    out = Path(out)
+    say = log or (lambda msg: None if quiet else print(msg, flush=True))
+    with process_group(spec.device) as group:
+        def rank_say(msg):
+            say(msg if group.world == 1 else f"[rank {group.rank}] {msg}")
+
+        out.mkdir(parents=True, exist_ok=True)
+        train_recipe_models(spec, out, group, rank_say)
+        runner = Runner(spec, out, group, resume, rank_say)
+        t0 = time.perf_counter()
+        fingerprints = runner.models.fingerprints()
+        load_seconds = time.perf_counter() - t0
+        units = make_units(spec, fingerprints)
+        pending = [u for u in units if not (resume and read_unit(_unit_path(out, u), u.key))]
+        group.barrier()  # every rank has listed the pending units before any rank writes one
+        mine = my_units(pending, group.rank, group.world, spec.methods)
+        rank_say(f"{len(units)} units ({len(spec.pairs)} pairs x {len(spec.methods)} methods): "
+                 f"{len(units) - len(pending)} finished before, {len(mine)} to compute here "
+                 f"(models fingerprinted in {load_seconds:.1f} s)")
+        for n, unit in enumerate(mine):
+            compute = lambda u=unit: runner.compute(u)  # noqa: E731
+            if profile is not None and n == 0 and group.is_main:
+                record = _profiled(compute, Path(profile), unit)
+            else:
+                record = compute()
+            write_json(_unit_path(out, unit), record)
+            s = record["seconds"]
+            rank_say(f"[{n + 1}/{len(mine)}] pair {tuple(unit.pair)} {unit.method}: barrier {record['barrier']:.4f}, "
+                     f"acc at 0.5 {record['acc_mid']:.3f} (solve {s['solve']:.1f} s, sweep {s['sweep']:.1f} s)")
+        group.barrier()  # every unit file is written
+        result = {"records": [], "summary": [], "computed": len(mine), "reused": len(units) - len(pending),
+                  "rank": group.rank, "world": group.world}
+        if group.is_main:
+            records = []
+            for unit in units:
+                record = read_unit(_unit_path(out, unit), unit.key)
+                if record is None:
+                    raise RuntimeError(f"unit {unit.index} ({unit.method} on pair {unit.pair}) has no result file")
+                # the stored record may come from an equal unit of another grid (same weights, other paths)
+                record.update(unit=unit.index, pair=list(unit.pair), a=runner.paths[unit.pair[0]],
+                              b=runner.paths[unit.pair[1]])
+                records.append(record)
+            result["records"] = records
+            result["summary"] = write_reports(records, spec, out)
+            write_json(out / "grid.json", {"kind": "grid", "units": len(units),
+                                           "world": group.world, "models": runner.paths,
+                                           "fingerprints": fingerprints, "methods": list(spec.methods),
+                                           "pairs": [list(p) for p in spec.pairs], "lambdas": list(spec.lambdas),
+                                           "data": spec.data, "split": spec.split})
+            say(f"{len(records)} records -> {out / 'results.jsonl'}")
+        group.barrier()  # no rank leaves (and tears the group down) while rank 0 still writes
+    return result
+
+
+__all__ = ["Runner", "read_unit", "run"]

@@ -1,0 +1,258 @@
+"""The grid's TOML spec -> a validated `GridSpec`; every mistake is one line naming its key.
+
+    [data]
+    spec = "digits"            # any --data value of the other commands
+    split = "test"             # the split swept (default "test"); matching reads "train"
+    [models]
+    paths = ["runs/seed0", "runs/seed1"]        # checkpoints or HF folders (relative to the working directory)
+    # or: recipe = "vit-digits"; seeds = [0, 1, 2]; epochs = 5   (trained into OUT/models, cached)
+    [grid]
+    pairs = "all"              # "all" | "consecutive" | [[0, 1], [0, 2]]
+    methods = ["none", "permutation", "weight", "activation", "learned"]
+    lambdas = 11               # a count or a list of values in [0, 1]
+    [methods.learned]          # per-method options, passed to lf.align
+    steps = 300
+
+Parsing imports no torch: a bad spec fails in a fraction of a second.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..match.methods import METHODS, REGISTRY
+
+#: data each recipe trains on, the default [data] spec when [models] names a recipe
+RECIPE_DATA = {"vit-digits": "digits", "vit-fashion-mnist": "fashion-mnist", "gpt2-shakespeare": "shakespeare"}
+MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that loads torch)
+
+_KEYS = {
+    "": {"data", "models", "grid", "methods"},
+    "data": {"spec", "split", "batch_size", "max_batches", "match_batch_size", "match_max_batches", "block_size"},
+    "models": {"paths", "recipe", "seeds", "epochs", "steps"},
+    "grid": {"pairs", "methods", "lambdas", "device"},
+}
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    data: str
+    models: tuple[str, ...] = ()  # checkpoint paths, or empty with `recipe`
+    recipe: str | None = None
+    seeds: tuple[int, ...] = ()
+    train: dict = field(default_factory=dict)  # recipe overrides: epochs or steps
+    pairs: tuple[tuple[int, int], ...] = ()
+    methods: tuple[str, ...] = ("none", "weight")
+    options: dict = field(default_factory=dict)  # method -> {option: value}
+    lambdas: tuple[float, ...] = tuple(i / 10 for i in range(11))
+    split: str = "test"
+    batch_size: int = 256
+    max_batches: int | None = None
+    match_batch_size: int = 64
+    match_max_batches: int | None = None
+    block_size: int | None = None
+    device: str = "cpu"
+
+    @property
+    def n_models(self) -> int:
+        return len(self.models) if self.models else len(self.seeds)
+
+
+def load_spec(path) -> GridSpec:
+    """Read and validate a TOML spec file."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such grid spec") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the grid spec ({exc.strerror or exc})") from None
+    try:
+        obj = tomllib.loads(text.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    return parse_spec(obj)
+
+
+def _table(obj: dict, name: str) -> dict:
+    value = obj.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: must be a table ([{name}]), got {_kind(value)}")
+    return value
+
+
+def _kind(value) -> str:
+    return {list: "a list", dict: "a table", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+def _check_keys(table: dict, name: str) -> None:
+    unknown = sorted(set(table) - _KEYS[name])
+    if unknown:
+        where = f"{name}.{unknown[0]}" if name else unknown[0]
+        raise ValueError(f"{where}: unknown key; the keys of {f'[{name}]' if name else 'a spec'} are "
+                         f"{', '.join(sorted(_KEYS[name]))}")
+
+
+def _int(value, key: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}: must be an integer, got {_kind(value)} {value!r}")
+    if value < low:
+        raise ValueError(f"{key}: must be >= {low}, got {value}")
+    return value
+
+
+def _str(value, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key}: must be a non-empty string, got {_kind(value)} {value!r}")
+    return value
+
+
+def _lambdas(value) -> tuple[float, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 2 <= value <= MAX_LAMBDAS:
+            raise ValueError(f"grid.lambdas: a count must be in [2, {MAX_LAMBDAS}], got {value}")
+        return tuple(i / (value - 1) for i in range(value))
+    if not isinstance(value, list) or not value or len(value) > MAX_LAMBDAS:
+        raise ValueError(f"grid.lambdas: must be a count (>= 2) or a list of 1..{MAX_LAMBDAS} values in [0, 1]")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 <= v <= 1:
+            raise ValueError(f"grid.lambdas: values must be numbers in [0, 1], got {v!r}")
+        out.append(float(v))
+    return tuple(out)
+
+
+def _pairs(value, n: int) -> tuple[tuple[int, int], ...]:
+    if value == "all":
+        pairs = list(itertools.combinations(range(n), 2))
+    elif value == "consecutive":
+        pairs = [(i, i + 1) for i in range(n - 1)]
+    elif isinstance(value, list) and value:
+        pairs = []
+        for p in value:
+            if (not isinstance(p, list) or len(p) != 2
+                    or any(isinstance(i, bool) or not isinstance(i, int) for i in p)):
+                raise ValueError(f"grid.pairs: each pair must be two model indices like [0, 1], got {p!r}")
+            for i in p:
+                if not 0 <= i < n:
+                    raise ValueError(f"grid.pairs: index {i} out of range for {n} models")
+            if p[0] == p[1]:
+                raise ValueError(f"grid.pairs: pair {p} joins a model to itself")
+            pairs.append((p[0], p[1]))
+        if len(set(pairs)) != len(pairs):
+            raise ValueError("grid.pairs: a pair is listed twice")
+    else:
+        raise ValueError(f'grid.pairs: must be "all", "consecutive" or a list of [i, j], got {value!r}')
+    if not pairs:
+        raise ValueError(f"grid.pairs: {value!r} makes no pair of {n} model(s)")
+    return tuple(pairs)
+
+
+def _methods(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"grid.methods: must be a non-empty list of {', '.join(METHODS)}")
+    for m in value:
+        if m not in REGISTRY:
+            raise ValueError(f"grid.methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if len(set(value)) != len(value):
+        raise ValueError("grid.methods: a method is listed twice")
+    return tuple(value)
+
+
+def _options(table) -> dict:
+    if not isinstance(table, dict):
+        raise ValueError(f"methods: must be tables like [methods.learned], got {_kind(table)}")
+    out = {}
+    for name, opts in table.items():
+        if name not in REGISTRY:
+            raise ValueError(f"methods.{name}: unknown method; choose from {', '.join(METHODS)}")
+        if not isinstance(opts, dict):
+            raise ValueError(f"methods.{name}: must be a table of options, got {_kind(opts)}")
+        allowed = REGISTRY[name].options
+        for key, v in opts.items():
+            if key not in allowed:
+                raise ValueError(f"methods.{name}.{key}: unknown option" + (
+                    f"; {name} takes {', '.join(allowed)}" if allowed else f"; {name} takes none"))
+            if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
+                raise ValueError(f"methods.{name}.{key}: must be a finite number, a string or a boolean, got {v!r}")
+            if key == "augment":
+                from ..cli import AUGMENTATIONS  # the names of --augment (torch-free)
+
+                if v not in AUGMENTATIONS:
+                    raise ValueError(f"methods.{name}.augment: one of {', '.join(AUGMENTATIONS)}, got {v!r}")
+        out[name] = dict(sorted(opts.items()))
+    return out
+
+
+def _models(table: dict) -> dict:
+    paths, recipe = table.get("paths"), table.get("recipe")
+    if (paths is None) == (recipe is None):
+        raise ValueError("models: give either paths = [...] or recipe = NAME with seeds = [...]")
+    if paths is not None:
+        extra = sorted(set(table) & {"seeds", "epochs", "steps"})
+        if extra:
+            raise ValueError(f"models.{extra[0]}: only with models.recipe (the paths are trained already)")
+        if not isinstance(paths, list) or len(paths) < 2:
+            raise ValueError("models.paths: must list at least two checkpoints")
+        return {"models": tuple(_str(p, "models.paths") for p in paths)}
+    if recipe not in RECIPE_DATA:
+        raise ValueError(f"models.recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPE_DATA)}")
+    seeds = table.get("seeds")
+    if not isinstance(seeds, list) or len(seeds) < 2:
+        raise ValueError("models.seeds: must list at least two seeds with models.recipe")
+    seeds = tuple(_int(s, "models.seeds", 0) for s in seeds)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError("models.seeds: a seed is listed twice")
+    if "epochs" in table and "steps" in table:
+        raise ValueError("models.steps: give epochs or steps, not both")
+    train = {}
+    if "epochs" in table:
+        e = table["epochs"]
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise ValueError(f"models.epochs: must be a positive number, got {e!r}")
+        train["epochs"] = e
+    if "steps" in table:
+        train["steps"] = _int(table["steps"], "models.steps")
+    return {"recipe": recipe, "seeds": seeds, "train": train}
+
+
+def parse_spec(obj: dict) -> GridSpec:
+    """A spec as a dict (what tomllib returns) -> GridSpec; ValueError naming the first bad key."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a grid spec must be a table, got {_kind(obj)}")
+    _check_keys(obj, "")
+    data, models, grid = _table(obj, "data"), _table(obj, "models"), _table(obj, "grid")
+    for name, table in (("data", data), ("models", models), ("grid", grid)):
+        _check_keys(table, name)
+    kw = _models(models)
+    spec = data.get("spec", RECIPE_DATA.get(kw.get("recipe")))
+    if spec is None:
+        raise ValueError("data.spec: required (e.g. \"digits\", \"fashion-mnist:DIR\", \"text:PATH\")")
+    kw["data"] = _str(spec, "data.spec")
+    split = data.get("split", "test")
+    if split not in ("test", "train"):
+        raise ValueError(f"data.split: must be \"test\" or \"train\", got {split!r}")
+    kw["split"] = split
+    for key in ("batch_size", "match_batch_size", "max_batches", "match_max_batches", "block_size"):
+        if key in data:
+            kw[key] = _int(data[key], f"data.{key}")
+    n = len(kw.get("models") or kw["seeds"])
+    kw["pairs"] = _pairs(grid.get("pairs", "all"), n)
+    kw["methods"] = _methods(grid.get("methods", list(METHODS)))
+    if "lambdas" in grid:
+        kw["lambdas"] = _lambdas(grid["lambdas"])
+    device = grid.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"grid.device: must be \"cpu\" or \"cuda\" (under torchrun each rank takes its own GPU), "
+                         f"got {device!r}")
+    kw["device"] = device
+    kw["options"] = _options(obj.get("methods", {}))
+    return GridSpec(**kw)
+
+
+__all__ = ["GridSpec", "load_spec", "parse_spec"]

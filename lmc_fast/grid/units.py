@@ -1,0 +1,74 @@
+"""Units of work (one (pair, method) each) and the keys that name their results.
+
+A key is a hash of everything that determines a unit's numbers: both models' fingerprints
+(their weights, not their paths), the method and its options, the data spec and split, the
+lambdas, the batching and the device kind, and GRID_FORMAT. A result stored under its key is
+therefore reused exactly when recomputing it would give the same numbers: rename or reorder
+checkpoints and nothing is recomputed; change one method's options and only its units are.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from ..match.methods import REGISTRY
+from .spec import GridSpec
+
+#: bump when a stored unit or alignment would no longer match what this code computes
+GRID_FORMAT = 1
+KEY_CHARS = 20
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int  # position in results.jsonl
+    pair: tuple[int, int]
+    method: str
+    key: str  # the unit's result: OUT/units/<key>.json
+    alignment_key: str | None  # the alignment it applies: OUT/alignments/<key>.safetensors (None for "none")
+
+
+def _hash(obj) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
+
+
+def alignment_key(spec: GridSpec, fp_a: str, fp_b: str, method: str) -> str | None:
+    """What determines the alignment: models, method, options, and the matching data if it reads any."""
+    m = REGISTRY[method]
+    if not m.aligns:
+        return None
+    match = ({"data": spec.data, "batch_size": spec.match_batch_size, "max_batches": spec.match_max_batches,
+              "block_size": spec.block_size} if m.needs_data else None)
+    return _hash({"format": GRID_FORMAT, "kind": "alignment", "a": fp_a, "b": fp_b, "method": method,
+                  "options": spec.options.get(method, {}), "match": match, "device": spec.device})
+
+
+def unit_key(spec: GridSpec, fp_a: str, fp_b: str, method: str) -> str:
+    """The alignment's key plus what the sweep reads: split, lambdas, batching."""
+    return _hash({"format": GRID_FORMAT, "kind": "unit", "a": fp_a, "b": fp_b, "method": method,
+                  "alignment": alignment_key(spec, fp_a, fp_b, method), "data": spec.data, "split": spec.split,
+                  "lambdas": list(spec.lambdas), "batch_size": spec.batch_size, "max_batches": spec.max_batches,
+                  "block_size": spec.block_size, "device": spec.device})
+
+
+def make_units(spec: GridSpec, fingerprints: list[str]) -> list[Unit]:
+    """Every (pair, method) in results order: pairs outer, methods inner (a pair's units share its models)."""
+    units = []
+    for i, j in spec.pairs:
+        for method in spec.methods:
+            units.append(Unit(len(units), (i, j), method, unit_key(spec, fingerprints[i], fingerprints[j], method),
+                              alignment_key(spec, fingerprints[i], fingerprints[j], method)))
+    return units
+
+
+def my_units(units: list[Unit], rank: int, world: int, methods) -> list[Unit]:
+    """This rank's share: dealt round-robin method by method (each rank gets its part of every method, so
+    a costly method does not land on one rank), then run in results order (a pair's units share models)."""
+    order = {m: k for k, m in enumerate(methods)}
+    dealt = sorted(units, key=lambda u: (order[u.method], u.index))[rank::world]
+    return sorted(dealt, key=lambda u: u.index)
+
+
+__all__ = ["GRID_FORMAT", "Unit", "alignment_key", "make_units", "my_units", "unit_key"]

@@ -1,0 +1,198 @@
+"""`lmc_fast.grid`: spec validation, outputs, resume (also after SIGKILL) and 2 gloo ranks = 1 process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmc_fast.grid as grid
+from lmc_fast.grid.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["none", "permutation", "weight"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> list[str]:
+    """Three tiny ViTs, a few training steps each (so their barriers are not all zero)."""
+    from lmc_fast.data import load_digits
+    from lmc_fast.io import save_model
+    from lmc_fast.models import ViT, ViTConfig
+    from lmc_fast.train import train
+
+    folder = tmp_path_factory.mktemp("grid_models")
+    train_ds = load_digits("train")
+    paths = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        m = ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32))
+        train(m, train_ds, steps=40, batch_size=64, lr=1e-2, seed=seed, progress=False)
+        save_model(m, folder / f"seed{seed}")
+        paths.append(str(folder / f"seed{seed}"))
+    return paths
+
+
+def _spec(paths, methods=METHODS, options=None) -> dict:
+    return {"data": {"spec": "digits", "max_batches": 2, "batch_size": 128}, "models": {"paths": paths},
+            "grid": {"pairs": "all", "methods": methods, "lambdas": 3}, "methods": options or {}}
+
+
+def _toml(spec: dict, path: Path) -> Path:
+    def value(v):
+        return json.dumps(v)  # TOML accepts JSON strings, numbers and arrays
+
+    lines = []
+    for table in ("data", "models", "grid"):
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {value(v)}" for k, v in spec[table].items()]
+    for method, opts in spec.get("methods", {}).items():
+        lines.append(f"[methods.{method}]")
+        lines += [f"{k} = {value(v)}" for k, v in opts.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _assert_same(got: list[dict], want: list[dict], rel: float):
+    assert [(r["pair"], r["method"]) for r in got] == [(r["pair"], r["method"]) for r in want]
+    for g, w in zip(got, want):
+        for key in ("barrier", "acc_barrier", "loss_mid", "acc_mid"):
+            assert g[key] == pytest.approx(w[key], rel=rel, abs=1e-12), (g["method"], key)
+        for key in ("loss", "acc"):
+            assert g["curve"][key] == pytest.approx(w["curve"][key], rel=rel, abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def reference(models, tmp_path_factory) -> Path:
+    """One uninterrupted single-process run: what every other way of running must reproduce."""
+    out = tmp_path_factory.mktemp("grid_ref")
+    grid.run(_spec(models), out, quiet=True)
+    return out
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+# ---------------------------------------------------------------- spec
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s["grid"].update(pairs=[[0, 7]]), r"grid\.pairs: index 7 out of range for 3 models"),
+    (lambda s: s["grid"].update(pairs="some"), r"grid\.pairs: must be"),
+    (lambda s: s["grid"].update(methods=["weight", "magic"]), r"grid\.methods: unknown method 'magic'"),
+    (lambda s: s["grid"].update(lambdas=1), r"grid\.lambdas: a count must be in \[2"),
+    (lambda s: s["grid"].update(lambdas=[0.5, 2]), r"grid\.lambdas: values must be numbers in \[0, 1\]"),
+    (lambda s: s["grid"].update(colour="red"), r"grid\.colour: unknown key"),
+    (lambda s: s.update(extra={}), r"extra: unknown key"),
+    (lambda s: s["data"].pop("spec"), r"data\.spec: required"),
+    (lambda s: s["data"].update(batch_size=0), r"data\.batch_size: must be >= 1"),
+    (lambda s: s["models"].update(paths=["only-one"]), r"models\.paths: must list at least two"),
+    (lambda s: s["models"].update(recipe="vit-digits"), r"models: give either paths"),
+    (lambda s: s.update(methods={"weight": {"steps": 3}}), r"methods\.weight\.steps: unknown option"),
+    (lambda s: s.update(methods={"learned": {"augment": "blur"}}), r"methods\.learned\.augment: one of"),
+    (lambda s: s.update(methods={"none": {"seed": 1}}), r"methods\.none\.seed: unknown option; none takes none"),
+])
+def test_bad_spec_names_the_key(change, message):
+    spec = _spec(["a", "b", "c"])
+    change(spec)
+    with pytest.raises(ValueError, match=message) as info:
+        parse_spec(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_spec_from_toml_and_recipe_defaults(tmp_path):
+    spec = grid.load_spec(_toml(_spec(["a", "b", "c"], options={"learned": {"steps": 30}}), tmp_path / "g.toml"))
+    assert spec.pairs == ((0, 1), (0, 2), (1, 2)) and spec.lambdas == (0.0, 0.5, 1.0)
+    assert spec.options == {"learned": {"steps": 30}}
+    r = parse_spec({"models": {"recipe": "vit-digits", "seeds": [0, 1, 2], "epochs": 2},
+                    "grid": {"pairs": "consecutive"}})
+    assert r.data == "digits" and r.pairs == ((0, 1), (1, 2)) and r.train == {"epochs": 2}
+    (tmp_path / "bad.toml").write_text("[grid\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        grid.load_spec(tmp_path / "bad.toml")
+
+
+# ---------------------------------------------------------------- one process
+def test_outputs(reference, models):
+    records = _records(reference)
+    assert len(records) == 3 * len(METHODS)
+    r = records[1]
+    assert r["pair"] == [0, 1] and r["method"] == "permutation" and r["a"] == models[0] and r["b"] == models[1]
+    assert r["space"] == "raw" and set(r["seconds"]) == {"load", "solve", "canonicalise", "sweep", "write"}
+    assert r["curve"]["lambdas"] == [0.0, 0.5, 1.0] and r["info"]["fingerprint_a"]
+    assert (reference / r["alignment"]).is_file() and records[0]["alignment"] is None
+    assert any(x["barrier"] > 1e-4 for x in records)  # trained a little: a real (if small) measurement
+    lines = (reference / "summary.csv").read_text().splitlines()
+    assert lines[0].startswith("method,n,barrier_median,barrier_min,barrier_max,barrier_mean,barrier_std,acc_mid_")
+    assert [line.split(",")[:2] for line in lines[1:]] == [[m, "3"] for m in METHODS]
+    assert "| weight | 3 |" in (reference / "summary.md").read_text()
+    for png in ("barriers.png", "curves.png"):
+        assert (reference / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_recomputes_only_what_changed(models, reference, tmp_path):
+    out = tmp_path / "g"
+    first = grid.run(_spec(models), out, quiet=True)
+    assert first["computed"] == 9 and first["reused"] == 0
+    _assert_same(_records(out), _records(reference), rel=1e-9)
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "units").iterdir()}
+    again = grid.run(_spec(models), out, quiet=True)
+    assert again["computed"] == 0 and again["reused"] == 9
+    changed = grid.run(_spec(models, options={"weight": {"max_iter": 3}}), out, quiet=True)
+    assert changed["computed"] == 3 and changed["reused"] == 6
+    records = _records(out)
+    new = {r["key"] for r in records if r["method"] == "weight"}
+    assert not new & set(k[:-5] for k in stamps)  # the weight units have new keys...
+    for r in records:
+        if r["method"] != "weight":  # ...and no other unit file was rewritten
+            assert (out / "units" / f"{r['key']}.json").stat().st_mtime_ns == stamps[f"{r['key']}.json"]
+    forced = grid.run(_spec(models), out, quiet=True, resume=False)
+    assert forced["computed"] == 9
+    _assert_same(_records(out), _records(reference), rel=1e-9)
+
+
+# ---------------------------------------------------------------- subprocesses
+def _grid_cmd(spec_path: Path, out: Path) -> list[str]:
+    return ["-m", "lmc_fast.cli", "grid", str(spec_path), "--out", str(out), "--quiet"]
+
+
+def test_sigkill_then_resume(models, reference, tmp_path):
+    spec_path = _toml(_spec(models), tmp_path / "g.toml")
+    out = tmp_path / "g"
+    proc = subprocess.Popen([sys.executable, *_grid_cmd(spec_path, out)], cwd=ROOT, env=_env())
+    units = out / "units"
+    deadline = time.monotonic() + 120
+    while not (units.is_dir() and any(p.suffix == ".json" for p in units.iterdir())):
+        assert proc.poll() is None, "the grid ended before writing a unit"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list(units.glob("*.json")))
+    assert 1 <= done < 9 and not (out / "results.jsonl").exists()
+    subprocess.run([sys.executable, *_grid_cmd(spec_path, out)], cwd=ROOT, env=_env(), check=True)
+    assert len(list(units.glob("*.json"))) == 9
+    _assert_same(_records(out), _records(reference), rel=1e-9)
+
+
+def test_two_gloo_ranks_equal_one_process(models, reference, tmp_path):
+    spec_path = _toml(_spec(models), tmp_path / "g.toml")
+    out = tmp_path / "g"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *_grid_cmd(spec_path, out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(out)
+    assert sorted({r["rank"] for r in records}) == [0, 1]
+    _assert_same(records, _records(reference), rel=1e-6)
