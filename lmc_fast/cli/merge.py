@@ -79,7 +79,8 @@ def run(args, con: Console) -> int:
         result["merged_eval"] = lf.evaluate(merged, data)
         result["model_eval"] = [lf.evaluate(m, data) for m in models]
         con.log(f"simplex sweep: {args.samples} Dirichlet({args.alpha}) samples")
-        result["simplex"] = lf.simplex(aligned, data, n=args.samples, alpha=args.alpha, space=space, seed=args.seed)
+        result["simplex"] = lf.simplex(aligned, data, n=args.samples, alpha=args.alpha, space=space, seed=args.seed,
+                                       progress=not args.quiet)
 
     # Only merge's own entries are written, each atomically; everything else in --out stays.
     out.mkdir(parents=True, exist_ok=True)
