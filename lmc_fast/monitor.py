@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .atomic import json_text
+from .match.methods import REGISTRY
 from .models.adapters import check_compatible, standard_params
 from .sweep.barrier import BarrierResult, barrier_result, lambda_grid
 from .sweep.batches import reiterable
@@ -34,8 +35,9 @@ from .sweep.checks import spec_from_model
 from .sweep.fused import evaluate_mixtures_fast
 from .symmetry import Alignment, check_same_arch, prepare_params, spec_for
 
-#: method -> the parameter space its interpolation runs in ("none": raw parameters, the baseline)
-METHODS = {"none": "raw", "permutation": "raw", "weight": "canonical"}
+#: the data-free methods of the registry (match/methods.py), cheap enough to run during training,
+#: and the parameter space each interpolates in ("none": raw parameters, the baseline)
+METHODS = {m.name: m.space for m in REGISTRY.values() if not m.needs_data}
 
 
 # ---------------------------------------------------------------- leaving training untouched
@@ -126,7 +128,8 @@ class BarrierMonitor:
     data: an iterable of (inputs, targets) batches, as `lf.barrier` takes (read `max_batches`
     of them per measurement). lambdas: a count or explicit values (0.5 is always evaluated too,
     for `loss_mid`). method: "none" (raw parameters), "weight" or "permutation" (data-free
-    matching of the current weights onto the reference at every measurement).
+    matching of the current weights onto the reference at every measurement: any data-free
+    method of `lmc_fast.match.methods`).
     jsonl: a file that gets one JSON line per measurement (appended).
     `step(model, step)` returns a BarrierResult (a list of them when `reference` is a list)
     when it measured, else None; `last_metrics` holds the flat metrics of the last one:
@@ -189,7 +192,7 @@ class BarrierMonitor:
         current = prepare_params(spec, arch, raw)
         p0 = next(model.parameters())
         fixed = ref.params_on(p0.device)
-        if self.method != "none":
+        if REGISTRY[self.method].aligns:  # on parameters: lf.align would rebuild models
             from .match.weight import weight_matching
 
             elements, _ = weight_matching(spec, fixed, current, seed=self.seed)
