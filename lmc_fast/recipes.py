@@ -140,3 +140,13 @@ def recipe(name: str, **overrides) -> Recipe:
         raise KeyError(f"unknown recipe {name!r}; choose from {', '.join(NAMES)}")
     r = _RECIPES[name]()
     return r.with_hparams(**overrides) if overrides else r
+
+
+def instability(recipe_name="gpt2-shakespeare", out="instability", **kw) -> dict:
+    """Instability analysis of a recipe (a name or a Recipe): one run forked at each spawn step into
+    copies on other data orders, pairs compared raw and after weight matching; resumable.
+    Keywords: spawn_steps, copies, steps, seed, lambdas, eval_batches, methods, device, log...
+    (see `lmc_fast.instability.instability`)."""
+    from .instability import instability as run
+
+    return run(recipe_name, out, **kw)
