@@ -30,7 +30,7 @@ from .atomic import json_text
 from .match.methods import REGISTRY
 from .models.adapters import check_compatible, standard_params
 from .sweep.barrier import BarrierResult, barrier_result, lambda_grid
-from .sweep.batches import reiterable
+from .sweep.batches import limited, reiterable
 from .sweep.checks import spec_from_model
 from .sweep.fused import evaluate_mixtures_fast
 from .symmetry import Alignment, check_same_arch, prepare_params, spec_for
@@ -125,8 +125,8 @@ class BarrierMonitor:
     """Measures the barrier between a model being trained and `reference` every `every` steps.
 
     reference: a model, a checkpoint path, or a list of them (each read once, now).
-    data: an iterable of (inputs, targets) batches, as `lf.barrier` takes (read `max_batches`
-    of them per measurement). lambdas: a count or explicit values (0.5 is always evaluated too,
+    data: an iterable of (inputs, targets) batches, as `lf.barrier` takes; with `max_batches`,
+    its first max_batches batches are read once, now, and every measurement uses those. lambdas: a count or explicit values (0.5 is always evaluated too,
     for `loss_mid`). method: "none" (raw parameters), "weight" or "permutation" (data-free
     matching of the current weights onto the reference at every measurement: any data-free
     method of `lmc_fast.match.methods`).
@@ -148,7 +148,12 @@ class BarrierMonitor:
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a string, got {prefix!r}")
         self.method, self.space, self.prefix, self.dtype, self.seed = method, METHODS[method], prefix, dtype, seed
-        self.data = reiterable(data)  # a one-shot iterator is read once, here
+        # With max_batches, those batches are read once, here: every measurement then sees the same
+        # ones (a shuffling loader would hand each measurement others, and draw random numbers)
+        if self.max_batches is None or data is None:
+            self.data = reiterable(data)  # a one-shot iterator is read once, here; None: one clear error
+        else:
+            self.data = list(limited(data, self.max_batches))
         self._single = not isinstance(reference, (list, tuple))
         refs = [reference] if self._single else list(reference)
         if not refs:

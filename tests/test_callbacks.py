@@ -169,3 +169,16 @@ def test_trainer_callback_logs_four_barriers_and_leaves_training_bitwise_equal(t
     assert all({"lmc/acc_barrier", "lmc/loss_mid"} <= set(h) for h in logged)
     assert sum("lmc/barrier" in logs for logs in recorder.logs) == 4  # every logger got them
     assert len(cb.monitor.history) == 4 and model.training
+
+
+def test_monitor_reads_max_batches_once_and_measures_those_every_time():
+    from lmc_fast.data import loader
+    from lmc_fast.data.base import TokenDataset
+
+    ds = TokenDataset(torch.randint(0, 37, (40, 12), generator=torch.Generator().manual_seed(0)), 37)
+    shuffled = loader(ds, 4, shuffle=True, seed=0)  # each iteration is another epoch's order
+    mon = BarrierMonitor(make_model("gpt2", seed=1, dtype=torch.float32), shuffled, every=1, max_batches=2)
+    model = make_model("gpt2", seed=2, dtype=torch.float32)
+    assert len(mon.data) == 2 and mon.step(model, 1).loss == mon.step(model, 2).loss
+    with pytest.raises(ValueError, match="data is required"):
+        BarrierMonitor(model, None, max_batches=2)
