@@ -82,7 +82,7 @@ class _Console:
 
 def _parser():
     from lmc_fast.cli.args import common_options
-    from lmc_fast.instability_cli import register
+    from lmc_fast.cli.instability import register
 
     p = argparse.ArgumentParser(prog="lmc-fast")
     sub = p.add_subparsers(dest="command")
@@ -93,7 +93,7 @@ def _parser():
 def test_cli_glue_parses_validates_and_runs(tmp_path, monkeypatch, capsys):
     import lmc_fast.recipes
     from lmc_fast.cli.console import CLIError
-    from lmc_fast.instability_cli import run
+    from lmc_fast.cli.instability import run
 
     parser, sub = _parser()
     text = sub.format_help()

@@ -22,7 +22,7 @@ files it did not write. Results always go to JSON files.
 
 One module per command (`train.py`, `align.py`, ...), each with `register(subparsers, parents)`
 (adds its subparser) and `run(args, console) -> int`; `COMMANDS` lists them in help order, so a
-new command is one module and one entry there (`instability`'s is `lmc_fast.instability_cli`).
+new command is one module and one entry there.
 Shared parts: `args` (argument types, option groups), `outputs` (output-path checks), `data`
 (--data specs, batches), `models` (checkpoints, --config), `console` (Console, CLIError).
 
@@ -51,8 +51,7 @@ if "torch" not in sys.modules:  # importing the CLI package first (the console s
     prefer_passive_openmp()
 
 # None of these imports torch (each command imports what it needs when it runs).
-from .. import instability_cli  # noqa: E402
-from . import align, demo, grid, merge, plot, sweep, train  # noqa: E402
+from . import align, demo, grid, instability, merge, plot, sweep, train  # noqa: E402
 from .align import AUGMENTATIONS, align_summary_path  # noqa: E402
 from .args import (DATA_HELP, MAX_LAMBDAS, HelpFormatter, available_devices, block_size_arg,  # noqa: E402
                    common_options, device_arg, finite_positive_float, lambda_count, lambda_grid, lambda_value,
@@ -63,7 +62,7 @@ from .models import CONFIG_FROM_DATA  # noqa: E402
 from .outputs import Outputs  # noqa: E402
 
 #: the commands, in the order `lmc-fast --help` lists them
-COMMANDS = [demo, train, align, sweep, merge, plot, grid, instability_cli]
+COMMANDS = [demo, train, align, sweep, merge, plot, grid, instability]
 
 __all__ = ["AUGMENTATIONS", "CLIError", "COMMANDS", "CONFIG_FROM_DATA", "Console", "DATA_HELP", "HelpFormatter",
            "MAX_LAMBDAS", "Outputs", "PROG", "align_summary_path", "available_devices", "block_size_arg",

@@ -30,7 +30,7 @@ def _int_at_least(low: int, rule: str):
 
 
 def register(subparsers, parents):
-    from .cli.args import add_command, lambda_value
+    from .args import add_command, lambda_value
 
     q = add_command(subparsers, "instability",
                     "instability analysis (Frankle et al. 2020): train to each spawn step, fork copies that continue "
@@ -56,8 +56,8 @@ def register(subparsers, parents):
 
 
 def _recipe_name(args) -> str:
-    from .cli.console import CLIError
-    from .recipes import NAMES
+    from .console import CLIError
+    from ..recipes import NAMES
 
     name = f"{args.model}-{args.data}"
     if name not in NAMES:
@@ -66,9 +66,9 @@ def _recipe_name(args) -> str:
 
 
 def run(args, console) -> int:
-    from .cli.args import lambda_grid
-    from .cli.console import CLIError
-    from .cli.outputs import Outputs
+    from .args import lambda_grid
+    from .console import CLIError
+    from .outputs import Outputs
 
     if len(set(args.spawn_steps)) != len(args.spawn_steps):
         raise CLIError(f"--spawn-steps {' '.join(map(str, args.spawn_steps))}: a step is given twice")
@@ -83,8 +83,8 @@ def run(args, console) -> int:
     outputs.file("--out", out / "instability.png")
     outputs.check()
 
-    from .instability import format_table, instability, total_steps
-    from .recipes import recipe
+    from ..instability import format_table, instability, total_steps
+    from ..recipes import recipe
 
     r = recipe(name)
     total = args.steps if args.steps is not None else total_steps(r)  # missing data: an OSError, one line
