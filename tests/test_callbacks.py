@@ -182,3 +182,29 @@ def test_monitor_reads_max_batches_once_and_measures_those_every_time():
     assert len(mon.data) == 2 and mon.step(model, 1).loss == mon.step(model, 2).loss
     with pytest.raises(ValueError, match="data is required"):
         BarrierMonitor(model, None, max_batches=2)
+
+
+@pytest.mark.gpu
+def test_monitor_leaves_a_cuda_loop_bitwise_equal_including_its_cuda_random_stream():
+    """The CUDA half of the guarantee: the loop draws from the CUDA generator every step (as
+    dropout would), so a measurement that advanced or reseeded it would change the weights."""
+    torch.manual_seed(0)
+    ref = make_model("gpt2", seed=1, dtype=torch.float32).cuda()
+    data = [(x.cuda(), y.cuda()) for x, y in _lm_batches(2)]
+    finals = []
+    for with_monitor in (True, False):
+        torch.cuda.manual_seed(123)
+        model = make_model("gpt2", seed=2, dtype=torch.float32).cuda().train()
+        mon = BarrierMonitor(ref, data, every=3, lambdas=5, method="weight") if with_monitor else None
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for step, (x, y) in enumerate(_lm_batches(9, seed=100), start=1):
+            x, y = x.cuda(), y.cuda()
+            noise = 1.0 + 0.01 * torch.rand((), device="cuda")  # consumes the CUDA stream
+            loss = noise * task_loss(logits(model, x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if mon is not None:
+                mon.step(model, step)
+        finals.append(model)
+    assert _same_weights(*finals)
