@@ -196,3 +196,17 @@ def test_two_gloo_ranks_equal_one_process(models, reference, tmp_path):
     records = _records(out)
     assert sorted({r["rank"] for r in records}) == [0, 1]
     _assert_same(records, _records(reference), rel=1e-6)
+
+
+def test_recipe_models_are_trained_once_and_profile(tmp_path):
+    spec = {"models": {"recipe": "vit-digits", "seeds": [0, 1], "steps": 2},
+            "data": {"max_batches": 1}, "grid": {"methods": ["none", "weight"], "lambdas": 2}}
+    out = tmp_path / "g"
+    grid.run(spec, out, quiet=True, profile=tmp_path / "trace")
+    weights = out / "models" / "seed1" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert [p.name for p in (tmp_path / "trace").iterdir()] == ["unit1-weight.json"]
+    again = grid.run(spec, out, quiet=True)
+    assert again["computed"] == 0 and weights.stat().st_mtime_ns == stamp  # cached model, finished units
+    spec["models"]["steps"] = 3  # other training: other weights, so every unit is new
+    assert grid.run(spec, out, quiet=True)["computed"] == 2 and weights.stat().st_mtime_ns != stamp

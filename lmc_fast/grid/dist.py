@@ -60,7 +60,7 @@ def process_group(device_kind: str = "cpu"):
     if device_kind == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("grid.device: \"cuda\" but no CUDA device is available to this torch")
-        torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        torch.cuda.set_device(_env_int("LOCAL_RANK", 0) % torch.cuda.device_count())  # fewer GPUs than ranks: shared
     dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", timeout=BARRIER_TIMEOUT)
     try:
         yield _group(dist.get_rank(), dist.get_world_size(), device_kind)

@@ -189,7 +189,7 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
 
     Returns {"records": [...], "summary": [...], "computed": units computed by this process,
     "reused": units found finished, "rank", "world"}; records/summary only on rank 0 (else empty).
-    `profile`: a folder for a torch.profiler Chrome trace of the first unit rank 0 computes."""
+    `profile`: a folder for a torch.profiler Chrome trace of one unit rank 0 computes (its first aligning one)."""
     from ..atomic import write_json
     from .report import write_reports
 
@@ -213,9 +213,11 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
         rank_say(f"{len(units)} units ({len(spec.pairs)} pairs x {len(spec.methods)} methods): "
                  f"{len(units) - len(pending)} finished before, {len(mine)} to compute here "
                  f"(models fingerprinted in {load_seconds:.1f} s)")
+        # the profiled unit: rank 0's first that solves an alignment (the most phases), else its first
+        traced = next((n for n, u in enumerate(mine) if REGISTRY[u.method].aligns), 0)
         for n, unit in enumerate(mine):
             compute = lambda u=unit: runner.compute(u)  # noqa: E731
-            if profile is not None and n == 0 and group.is_main:
+            if profile is not None and n == traced and group.is_main:
                 record = _profiled(compute, Path(profile), unit)
             else:
                 record = compute()
