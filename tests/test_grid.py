@@ -210,3 +210,66 @@ def test_recipe_models_are_trained_once_and_profile(tmp_path):
     assert again["computed"] == 0 and weights.stat().st_mtime_ns == stamp  # cached model, finished units
     spec["models"]["steps"] = 3  # other training: other weights, so every unit is new
     assert grid.run(spec, out, quiet=True)["computed"] == 2 and weights.stat().st_mtime_ns != stamp
+
+
+SHARDED_SWEEP = """
+import json, sys
+import torch
+import torch.distributed as dist
+import lmc_fast as lf
+from lmc_fast.data import load_digits, loader
+from lmc_fast.io import load_model
+from lmc_fast.sweep import metrics
+
+torch.set_num_threads(1)
+a, b, c = (load_model(p) for p in sys.argv[1:4])
+test = list(loader(load_digits("test"), 64))[:5]  # 5 batches: ranks get 3 and 2
+seen = []  # batch sizes this process evaluated (per mixture)
+add = metrics.MetricSums.add
+metrics.MetricSums.add = lambda self, logits, targets: (seen.append(len(targets)), add(self, logits, targets))[1]
+sharded = sys.argv[5] == "sharded"
+# distributed=True joins torchrun's group; the simplex then shards by default (an initialised group)
+res = lf.barrier(a, b, test, lambdas=5, space="raw", distributed=True if sharded else None)
+sim = lf.simplex([a, b, c], test, n=3, space="raw")
+rank = dist.get_rank() if sharded else 0
+with open(f"{sys.argv[4]}.{rank}", "w") as f:
+    json.dump({"barrier": res.to_dict(), "simplex": sim, "seen": len(seen), "world": 2 if sharded else 1}, f)
+"""
+
+
+def test_barrier_and_simplex_sharded_over_two_gloo_ranks(models, tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(SHARDED_SWEEP)
+    subprocess.run([sys.executable, str(script), *models, str(tmp_path / "one"), "local"], cwd=ROOT, env=_env(),
+                   check=True)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), *models, str(tmp_path / "two"), "sharded"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r1 = json.loads((tmp_path / "one.0").read_text())
+    ranks = [json.loads((tmp_path / f"two.{r}").read_text()) for r in range(2)]
+    # (5 barrier points + 3 models + centroid + 3 samples) x batches: 3 batches on rank 0, 2 on rank 1
+    assert [r["seen"] for r in ranks] == [12 * 3, 12 * 2] and r1["seen"] == 12 * 5
+    for r2 in ranks:  # every rank returns the whole result
+        for key in ("loss", "acc", "ece", "signed"):
+            assert r2["barrier"][key] == pytest.approx(r1["barrier"][key], rel=1e-6, abs=1e-12)
+        for p1, p2 in zip(r1["simplex"]["samples"] + r1["simplex"]["models"],
+                          r2["simplex"]["samples"] + r2["simplex"]["models"]):
+            assert p2["loss"] == pytest.approx(p1["loss"], rel=1e-6)
+            assert p2["acc"] == pytest.approx(p1["acc"], rel=1e-6)
+
+
+def test_sharded_batches_cover_the_data_once():
+    from lmc_fast.sweep.shard import shard_of, sharded
+
+    data = list(range(7))
+    parts = [list(sharded(data, 5, (r, 2))) for r in range(2)]
+    assert parts == [[0, 2, 4], [1, 3]] and list(sharded(data, None, None)) == data
+    assert shard_of(None) is None and shard_of(False) is None
+    with pytest.raises(ValueError, match="distributed=True needs a process group"):
+        env = os.environ.pop("WORLD_SIZE", None)
+        try:
+            shard_of(True)
+        finally:
+            if env is not None:
+                os.environ["WORLD_SIZE"] = env

@@ -151,7 +151,9 @@ class Runner:
             seconds["canonicalise"] = time.perf_counter() - t0
         batches = self.eval_batches()
         t0 = time.perf_counter()
-        res = lf.barrier(a, b, batches, lambdas=list(self.spec.lambdas), space=m.space, device=self.group.device)
+        # distributed=False: the ranks run different units, so no sweep may wait for the others
+        res = lf.barrier(a, b, batches, lambdas=list(self.spec.lambdas), space=m.space, device=self.group.device,
+                         distributed=False)
         seconds["sweep"] = time.perf_counter() - t0
         mid = res.at(0.5)
         record = {"unit": unit.index, "key": unit.key, "pair": list(unit.pair), "a": self.paths[i],

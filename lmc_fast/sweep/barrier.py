@@ -20,6 +20,7 @@ from .checks import as_real, spec_from_model
 from .engine import evaluate_mixtures_loop
 from .fused import evaluate_mixtures_fast, matmul_tf32
 from .interpolate import models_params
+from .shard import shard_of
 
 
 @dataclass
@@ -107,7 +108,7 @@ def progress_bar(progress: bool, engine: str, n_points: int, data, max_batches, 
 def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
             max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
             max_tokens: int | None = None, kernel="auto", tf32: bool | None = None,
-            progress: bool = False) -> BarrierResult:
+            progress: bool = False, distributed: bool | None = None) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
 
     `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
@@ -118,6 +119,10 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     `engine="loop"` is the per-lambda baseline. `dtype=torch.bfloat16` runs the fused
     passes in bf16 (metrics in float64; pays off only with native bf16 GEMMs); `tf32=True`
     lets fp32 sweeps on CUDA use TF32 tensor cores (None: the global torch setting).
+    Inside an initialised torch.distributed group (torchrun) of several ranks, or with
+    `distributed=True`, the fused engine evaluates each rank's share of the batches and
+    all-reduces the metric sums: every rank returns the whole result (`sweep/shard.py`);
+    `distributed=False` keeps the sweep local (the loop engine always is). Call it on every rank.
     """
     import time
 
@@ -128,6 +133,7 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     evals = sorted(set(lams) | {0.0, 1.0})
     if engine not in ("loop", "fused"):
         raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
+    shard = shard_of(distributed) if engine == "fused" else None
     bar = progress_bar(progress, engine, len(evals), data, max_batches, "sweep")
     weights = [[1.0 - l, l] for l in evals]
     try:
@@ -139,7 +145,7 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
                 results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
                                                  dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
                                                  kernel=kernel, max_tokens=max_tokens,
-                                                 input_spec=spec_from_model(model_a))
+                                                 input_spec=spec_from_model(model_a), shard=shard)
     finally:
         if bar is not None:
             bar.close()

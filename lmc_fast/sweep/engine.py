@@ -18,6 +18,7 @@ from .batches import limited
 from .checks import check_batch, check_sweep_memory, spec_from_params
 from .interpolate import mix
 from .metrics import MetricSums, evaluate
+from .shard import reduce_sums, sharded
 
 
 def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
@@ -84,14 +85,15 @@ def check_weight_matrix(W: torch.Tensor, n_models: int) -> None:
 @torch.no_grad()
 def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=None, progress=None,
                             dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
-                            fewer: str = "fewer lambdas", input_spec=None) -> list[dict]:
+                            fewer: str = "fewer lambdas", input_spec=None, shard=None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N). Each data batch is embedded once per end
     model; the mixtures then go through the forward pass in blocks sized by `pass_plan`
     (at most `chunk` mixtures and about `max_tokens` tokens a pass; default per device).
     Refuses up front a sweep whose estimated memory exceeds what is available (`fewer`
     names the knob to turn in that message). Every batch is checked against `input_spec`
     (`checks.spec_from_model` of an end model: exact image shapes) or, without one, against
-    what the parameters tell."""
+    what the parameters tell. `shard` = (rank, world): this rank's batches only, the sums then
+    all-reduced (`shard.py`)."""
     W = torch.as_tensor(weights, dtype=torch.float64)
     check_weight_matrix(W, len(params_list))
     K, N = W.shape
@@ -108,7 +110,7 @@ def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=Non
     mixed = mix_params(params_list, W, dtype, device)
     Wd = W.to(device=device, dtype=dtype)
     sums = [None] * K
-    for x, y in limited(data, max_batches):
+    for x, y in sharded(data, max_batches, shard):
         check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
@@ -123,7 +125,7 @@ def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=Non
                 accumulate(sums, list(range(k0, k1)), Fn.head(arch, p, Fn.blocks(arch, p, h)), ys)
         if progress is not None:
             progress.update(1)
-    return results(sums)
+    return results(reduce_sums(sums, shard))
 
 
 def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor):

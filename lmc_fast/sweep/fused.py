@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
-from .batches import limited
 from .checks import check_batch, check_sweep_memory, spec_from_params
 from .engine import (accumulate, check_weight_matrix, evaluate_mixtures_fused, mix_params,  # noqa: F401  (mix_params re-exported)
                      results, token_budget)
+from .shard import reduce_sums, sharded
 
 __all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "matmul_tf32",
            "KERNEL_DEFAULT_ON_CUDA"]
@@ -148,7 +148,8 @@ def _use_kernel(kernel, device, n_models: int) -> bool:
 @torch.no_grad()
 def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batches=None, progress=None,
                            dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto",
-                           max_tokens: int | None = None, fewer: str = "fewer lambdas", input_spec=None) -> list[dict]:
+                           max_tokens: int | None = None, fewer: str = "fewer lambdas", input_spec=None,
+                           shard=None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N): the same contract as the engines in
     `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory);
     `max_tokens` sizes the batched-GEMM engine's passes (see `engine.MAX_TOKENS`)."""
@@ -161,7 +162,7 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
     if not _use_kernel(kernel, device, N):  # the batched-GEMM engine
         return evaluate_mixtures_fused(arch, params_list, W, data, max_batches=max_batches, progress=progress,
                                        dtype=dtype, device=device, chunk=chunk, max_tokens=max_tokens, fewer=fewer,
-                                       input_spec=input_spec)
+                                       input_spec=input_spec, shard=shard)
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch
@@ -172,7 +173,7 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
     pa, pb = ({k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list)
     lam_blocks = [W[idx, 1].to(device=device, dtype=torch.float32) for idx in blocks]
     sums = [None] * K
-    for x, y in limited(data, max_batches):
+    for x, y in sharded(data, max_batches, shard):
         check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
@@ -180,4 +181,4 @@ def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batche
             accumulate(sums, idx, lerp_forward(arch, pa, pb, lam, x), y)
         if progress is not None:
             progress.update(1)
-    return results(sums)
+    return results(reduce_sums(sums, shard))

@@ -12,6 +12,7 @@ from .batches import reiterable
 from .checks import as_real, spec_from_model
 from .engine import evaluate_mixtures_fused, evaluate_mixtures_loop
 from .interpolate import models_params
+from .shard import shard_of
 
 #: Most Dirichlet samples one sweep draws (each is a full evaluation; past this it is a typo).
 MAX_SAMPLES = 100_000
@@ -42,11 +43,12 @@ def dirichlet(n: int, n_models: int, alpha: float, seed: int) -> torch.Tensor:
 
 def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, space: str = "canonical",
             engine: str = "fused", max_batches: int | None = None, chunk: int = 32,
-            max_tokens: int | None = None, progress: bool = False) -> dict:
+            max_tokens: int | None = None, progress: bool = False, distributed: bool | None = None) -> dict:
     """Evaluate the centroid, every model, and `n` Dirichlet(alpha) mixtures. "excess" is a
     point's loss minus the same mixture of the models' own losses; the worst sample is the
     one with the largest excess. `progress=True` shows a bar over points (loop engine) or
-    batches (fused engine). JSON-ready."""
+    batches (fused engine). `distributed`: as in `barrier` (the fused engine shards the batches
+    across an initialised group's ranks and all-reduces the sums). JSON-ready."""
     if len(models) < 2:
         raise ValueError("simplex needs at least two models")
     alpha, n = check_alpha(alpha), check_samples(n)
@@ -58,6 +60,7 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
     N = len(models)
     eye, centroid = torch.eye(N, dtype=torch.float64), torch.full((1, N), 1.0 / N, dtype=torch.float64)
     weights = torch.cat([eye, centroid, dirichlet(n, N, alpha, seed)])
+    shard = shard_of(distributed) if engine == "fused" else None
     bar = progress_bar(progress, engine, len(weights), data, max_batches, "simplex")
     try:
         if engine == "loop":
@@ -66,7 +69,7 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
             p0 = next(models[0].parameters())
             res = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, progress=bar,
                                           dtype=p0.dtype, device=p0.device, chunk=chunk, max_tokens=max_tokens,
-                                          fewer="fewer samples", input_spec=spec_from_model(models[0]))
+                                          fewer="fewer samples", input_spec=spec_from_model(models[0]), shard=shard)
     finally:
         if bar is not None:
             bar.close()
