@@ -273,3 +273,16 @@ def test_sharded_batches_cover_the_data_once():
         finally:
             if env is not None:
                 os.environ["WORLD_SIZE"] = env
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, models):
+    from lmc_fast.cli import main
+
+    bad = _spec(["a", "b", "c"])
+    bad["grid"]["pairs"] = [[0, 7]]
+    assert main(["grid", str(_toml(bad, tmp_path / "bad.toml")), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == "lmc-fast: error: grid.pairs: index 7 out of range for 3 models"
+    wrong_data = _spec(models)
+    wrong_data["data"]["spec"] = "nodata"
+    assert main(["grid", str(_toml(wrong_data, tmp_path / "d.toml")), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip().startswith("lmc-fast: error: data.spec: unknown --data 'nodata'")

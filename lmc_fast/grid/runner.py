@@ -82,22 +82,22 @@ class Runner:
         self._train_ds = self._test_ds = None
         self._eval = self._match = None
 
-    # ---- data, loaded on first use (a grid of finished units never reads it)
-    def _datasets(self):
+    # ---- data: the datasets once, the batches on first use (a grid of finished units never makes them)
+    def datasets(self):
         if self._train_ds is None:
             self._train_ds, self._test_ds = _data(self.spec)
         return self._train_ds, self._test_ds
 
     def eval_batches(self) -> list:
         if self._eval is None:
-            train_ds, test_ds = self._datasets()
+            train_ds, test_ds = self.datasets()
             ds = test_ds if self.spec.split == "test" else train_ds
             self._eval = _batches(ds, self.spec.batch_size, False, self.spec.max_batches, self.group.device)
         return self._eval
 
     def match_batches(self) -> list:
         if self._match is None:
-            train_ds, _ = self._datasets()
+            train_ds, _ = self.datasets()
             self._match = _batches(train_ds, self.spec.match_batch_size, True, self.spec.match_max_batches,
                                    self.group.device)
         return self._match
@@ -203,8 +203,9 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
             say(msg if group.world == 1 else f"[rank {group.rank}] {msg}")
 
         out.mkdir(parents=True, exist_ok=True)
-        train_recipe_models(spec, out, group, rank_say)
         runner = Runner(spec, out, group, resume, rank_say)
+        runner.datasets()  # a bad data.spec fails now, not after training the models
+        train_recipe_models(spec, out, group, rank_say)
         t0 = time.perf_counter()
         fingerprints = runner.models.fingerprints()
         load_seconds = time.perf_counter() - t0

@@ -13,7 +13,7 @@
     [methods.learned]          # per-method options, passed to lf.align
     steps = 300
 
-Parsing imports no torch: a bad spec fails in a fraction of a second.
+A bad spec fails here, before any model is loaded or trained.
 """
 from __future__ import annotations
 
