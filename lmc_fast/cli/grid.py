@@ -21,7 +21,8 @@ def register(subparsers, parents):
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse finished units and alignments found in --out (--no-resume recomputes all)")
     g.add_argument("--profile", default=None, metavar="DIR",
-                   help="write a torch.profiler Chrome trace of one unit (rank 0's first that aligns) into DIR")
+                   help="write a torch.profiler Chrome trace of one unit (rank 0's first that aligns) into DIR "
+                        "(default: no trace)")
     g.add_argument("-q", "--quiet", action="store_true", help="no log lines (the summary table only)")
     g.add_argument("--threads", type=thread_count, default=None,
                    help="torch CPU threads per process (default: torch's; torchrun sets 1 per rank)")
