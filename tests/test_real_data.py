@@ -1,8 +1,12 @@
-"""The central finding on real data: two ViTs trained on scikit-learn's digits from two seeds.
+"""Real data: ViTs trained on scikit-learn's digits and GPT-2s on Shakespeare, two seeds each.
 
-Generalized weight matching (all symmetries) must cut the loss barrier to at most 80% of the
-naive one and beat permutation-only matching; the end points of every curve are the models'
-own losses. The pair is trained once per test session (about a minute and a half on 2 cores).
+Training is not bit-identical across CPUs (AVX2 and AVX-512 kernels round differently), so
+the pair a machine trains here is a different pair on another machine. These tests assert
+only what held for every pair tried, on both instruction sets: 4 independent pairs (seeds
+(0,1), (2,3), (4,5), (6,7)) with the AVX-512 kernels and the same 4 with
+`ATEN_CPU_CAPABILITY=avx2`, recorded in bench/results/real_data_pairs_{avx512,avx2}.json
+(`python bench/real_data_pairs.py`; the ranges quoted below come from there). Claims about a
+method's typical effect (a median over pairs) belong to the experiment grids, not here.
 """
 import pytest
 
@@ -41,18 +45,23 @@ def test_trained_models_are_accurate(digits_pair):
     assert lf.evaluate(a, test)["acc"] >= 0.9 and lf.evaluate(b, test)["acc"] >= 0.9
 
 
-def test_weight_matching_cuts_the_barrier(digits_barriers):
-    naive = digits_barriers["none"][0].barrier
-    weight = digits_barriers["weight"][0].barrier
-    perm = digits_barriers["permutation"][0].barrier
-    assert naive > 0.5  # independently trained ViTs are not linearly connected as they are
-    assert weight <= 0.8 * naive
-    assert weight < perm
-    assert digits_barriers["weight"][1].info["iterations"] <= 60
+def test_independent_vits_are_not_linearly_connected(digits_barriers):
+    """Raw interpolation: barrier 2.13 to 5.14 over the 8 pairs."""
+    assert digits_barriers["none"][0].barrier > 0.5
 
 
-def test_activation_matching_cuts_the_barrier(digits_barriers):
-    assert digits_barriers["activation"][0].barrier <= 0.8 * digits_barriers["none"][0].barrier
+def test_weight_matching_converges_and_raises_its_objective(digits_barriers):
+    """Weight matching's own claim, true on every pair: coordinate ascent ends in a few sweeps
+    (8 to 11 over the 8 pairs) at a higher inner product <theta_A, g theta_B> than the identity.
+
+    Not asserted: that it lowers the *barrier*. It did on 7 of the 8 pairs (0.19x to 0.72x of
+    raw), but on seeds (0, 1) with AVX-512 kernels it raised it (2.13 -> 2.37), and there
+    activation matching cut only 5% (2.13 -> 2.02); permutation-only matching raised it on 7 of 8.
+    """
+    info = digits_barriers["weight"][1].info
+    assert info["iterations"] <= 60
+    assert info["objective"][-1] > info["objective_identity"]
+    assert all(b >= a - 1e-9 * abs(a) for a, b in zip(info["objective"], info["objective"][1:]))
 
 
 def test_curve_end_points_are_the_models_own_losses(digits_pair, digits_barriers):
@@ -83,6 +92,7 @@ def shakespeare_pair():
 
 
 def test_gpt2_shakespeare_weight_matching_cuts_the_barrier(shakespeare_pair):
+    """Held on all 8 pairs: raw 0.374 to 0.443, permutation 0.196 to 0.235, weight 0.023 to 0.053."""
     a, b, train_batches, test = shakespeare_pair
     naive = lf.barrier(a, b, test, 7, space="raw")
     perm = lf.barrier(a, lf.align(a, b, "permutation").apply(b), test, 7, space="raw")
@@ -95,27 +105,33 @@ def test_gpt2_shakespeare_weight_matching_cuts_the_barrier(shakespeare_pair):
     assert weight.loss[0] == pytest.approx(la, rel=1e-5) and naive.loss[0] == pytest.approx(la, rel=1e-5)
 
 
-def test_learned_matching_reaches_near_zero_barrier(digits_pair, digits_barriers):
-    """Issue 4's acceptance: held-out loss barrier <= 0.05 and below weight matching's.
-
-    The end models fit their 1,347 training images (train loss ~7e-4), so the labels stop
-    carrying signal within ~100 steps and the plain task loss stalls near 0.1-0.15. Fitting
-    each mixture to the same mixture of the end models' predictions on Mixup blends of the
-    training images (no labels needed) keeps a signal; lambda ~ U[0, 1] because with
-    U[0.4, 0.6] the midpoint is solved but the barrier moves to lambda ~ 0.25. Measured with
-    this pair: 1,000 steps 0.062, 1,500 steps 0.043, 2,000 steps 0.035 (about 2 minutes).
-    The validation split is 20% of the batches: with 10% (~130 memorised images) the best
-    validation barrier picked a checkpoint at 0.055 for one seed (0.036 for another; the last
-    iterates 0.033 / 0.037); with 20%, 0.035 and 0.036.
-    """
+def _learned(digits_pair, digits_barriers, steps: int):
+    """The distillation recipe: each mixture fitted to the same mixture of the end models'
+    predictions on Mixup blends (the end models memorise their 1,347 training images, so labels
+    stop carrying signal), lambda ~ U[0, 1], early stopping on 20% of the batches."""
     from lmc_fast.data.augment import Mixup
 
     a, b, train_batches, test = digits_pair
-    weight_al = digits_barriers["weight"][1]
-    al = lf.align(a, b, "learned", data=train_batches, init=weight_al, steps=2000, lr=1e-2, lam="uniform",
-                  lambdas_per_step=2, target="endpoints", augment=Mixup(1.0), eval_every=100, val_fraction=0.2,
-                  seed=0)
-    res = lf.barrier(a, al.apply(b), test, 11)
+    al = lf.align(a, b, "learned", data=train_batches, init=digits_barriers["weight"][1], steps=steps, lr=1e-2,
+                  lam="uniform", lambdas_per_step=2, target="endpoints", augment=Mixup(1.0), eval_every=100,
+                  val_fraction=0.2, seed=0)
+    return al, lf.barrier(a, al.apply(b), test, 11)
+
+
+def test_learned_matching_removes_most_of_the_barrier(digits_pair, digits_barriers):
+    """300 steps (~30 s): held-out barrier 0.063 to 0.107 over the 8 pairs, where weight
+    matching, its start, left 1.00 to 2.50 and raw interpolation 2.13 to 5.14."""
+    al, res = _learned(digits_pair, digits_barriers, 300)
+    assert res.barrier <= 0.2
+    assert res.barrier < digits_barriers["weight"][0].barrier
+    assert al.info["val_barrier"] <= al.info["val_history"][0][1]
+
+
+@pytest.mark.slow
+def test_learned_matching_reaches_near_zero_barrier(digits_pair, digits_barriers):
+    """Issue 4's acceptance, 2,000 steps (~4 minutes): held-out barrier 0 to 0.042 over the 8
+    pairs (so <= 0.05 holds on each, with little room: the mean is 0.017)."""
+    al, res = _learned(digits_pair, digits_barriers, 2000)
     assert res.barrier <= 0.05
     assert res.barrier < digits_barriers["weight"][0].barrier
     assert al.info["val_barrier"] <= al.info["val_history"][0][1]
