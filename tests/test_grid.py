@@ -286,3 +286,37 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, models):
     wrong_data["data"]["spec"] = "nodata"
     assert main(["grid", str(_toml(wrong_data, tmp_path / "d.toml")), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip().startswith("lmc-fast: error: data.spec: unknown --data 'nodata'")
+
+
+def test_killed_learned_unit_resumes_from_its_checkpoint(models, tmp_path, monkeypatch):
+    """A learned unit checkpoints its solve; a rerun after a kill continues from it, ends with the
+    uninterrupted run's numbers, and removes the checkpoint once the alignment is stored."""
+    from lmc_fast.match import learned
+
+    spec = _spec(models[:2], methods=["learned"], options={"learned": {"steps": 8, "eval_every": 2}})
+    whole = grid.run(spec, tmp_path / "whole", quiet=True)["records"]
+    out = tmp_path / "killed"
+    real, calls = learned.sample_weights, []
+
+    def dying(*args, **kw):
+        calls.append(1)
+        if len(calls) > 5:  # checkpoints at steps 2 and 4, killed during step 6
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(learned, "sample_weights", dying)
+        with pytest.raises(KeyboardInterrupt):
+            grid.run(spec, out, quiet=True)
+    assert [p.name.endswith(".learned.ckpt") for p in (out / "alignments").iterdir()] == [True]
+    calls.clear()
+    monkeypatch.setattr(learned, "sample_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = grid.run(spec, out, quiet=True)["records"]
+    assert len(calls) == 8 - 4
+    assert not list((out / "alignments").glob("*.ckpt"))
+    drop = ("seconds", "steps_per_second")
+    assert resumed[0]["barrier"] == whole[0]["barrier"]
+    assert {k: v for k, v in resumed[0]["curve"].items() if k not in drop} == \
+        {k: v for k, v in whole[0]["curve"].items() if k not in drop}
+    assert {k: v for k, v in resumed[0]["info"].items() if k not in drop} == \
+        {k: v for k, v in whole[0]["info"].items() if k not in drop}

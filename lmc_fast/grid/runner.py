@@ -59,6 +59,15 @@ def _align_options(method: str, options: dict) -> dict:
     return opts
 
 
+#: methods whose solve takes checkpoint=PATH and resumes from it (a killed learned unit loses at most
+#: `checkpoint_every` steps; default every `eval_every`)
+RESUMABLE = ("learned",)
+
+
+def checkpoint_path(out: Path, unit: Unit) -> Path:
+    return out / "alignments" / f"{unit.alignment_key}.{unit.method}.ckpt"
+
+
 def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
@@ -122,6 +131,10 @@ class Runner:
             t0 = time.perf_counter()
             opts = _align_options(unit.method, self.spec.options.get(unit.method, {}))
             data = self.match_batches() if REGISTRY[unit.method].needs_data else None
+            ckpt = checkpoint_path(self.out, unit) if unit.method in RESUMABLE else None
+            if ckpt is not None:
+                ckpt.parent.mkdir(parents=True, exist_ok=True)
+                opts["checkpoint"] = ckpt
             try:
                 al = align_with(unit.method, a, b, data, **opts)
             except (TypeError, ValueError) as exc:
@@ -130,6 +143,8 @@ class Runner:
             t0 = time.perf_counter()
             path.parent.mkdir(parents=True, exist_ok=True)
             al.save(path)
+            if ckpt is not None:  # the alignment is stored: its solve's state is no longer needed
+                ckpt.unlink(missing_ok=True)
             al = Alignment.load(path)
             seconds["write"] = time.perf_counter() - t0
         return al, reused, path

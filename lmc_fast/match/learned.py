@@ -23,6 +23,7 @@ from ..sweep.engine import evaluate_mixtures_fused
 from ..sweep.metrics import has_kept_targets, task_loss
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, check_same_arch, prepare_params
+from . import learned_checkpoint
 from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment
 from .learned_module import mix as _mix  # noqa: F401 - the old private name
 
@@ -79,7 +80,7 @@ def _mixed_endpoint_probs(arch, stacked_ends, w, x, temperature: float = 1.0) ->
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
                      alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
                      device="cpu", learn="all", target="labels", temperature=1.0, augment=None,
-                     progress=False):
+                     progress=False, checkpoint=None, checkpoint_every=None):
     """Core loop on parameters: params_list[0] is the fixed reference; latents for every other model.
     Returns (best hard elements per model after the first, info); see `fit_alignments`."""
     if learn not in LEARN_MODES:
@@ -88,7 +89,8 @@ def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000
     module = MixedAlignments(spec, params_list, init_elements, dtype=dtype, device=device, learn=learn)
     return fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, alpha=alpha,
                           lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience, seed=seed,
-                          target=target, temperature=temperature, augment=augment, progress=progress)
+                          target=target, temperature=temperature, augment=augment, progress=progress,
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every)
 
 
 def _check_target(target: str, augment) -> None:
@@ -98,9 +100,20 @@ def _check_target(target: str, augment) -> None:
         raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
 
 
+def _check_checkpointing(checkpoint, every, eval_every) -> int | None:
+    if checkpoint is None:
+        if every is not None:
+            raise ValueError("checkpoint_every needs checkpoint=PATH")
+        return None
+    every = eval_every if every is None else every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
+    return every
+
+
 def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, lam="narrow", alpha=1.0,
                    lambdas_per_step=4, eval_every=50, patience=6, seed=0, target="labels", temperature=1.0,
-                   augment=None, progress=False):
+                   augment=None, progress=False, checkpoint=None, checkpoint_every=None):
     """The learned-matching loop over a `MixedAlignments` (e.g. a `LearnedAlignment`): Adam on
     the latents that require grad, cosine schedule, early stopping on the validation barrier.
 
@@ -108,9 +121,13 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     the same mixture of the end models' predictive distributions (a distillation target, which
     still carries signal where the end models fit the training labels perfectly, and needs
     no labels on augmented inputs). augment(x, generator) -> x transforms each training batch.
+    checkpoint=PATH saves the loop's whole state there every `checkpoint_every` steps (default:
+    every `eval_every`), and a run started with the same inputs resumes from it, ending exactly
+    where an uninterrupted run would (learned_checkpoint.py).
     Returns (best hard elements per model after the first, info).
     """
     _check_target(target, augment)
+    checkpoint_every = _check_checkpointing(checkpoint, checkpoint_every, eval_every)
     spec, arch, params_list, learn = module.spec, module.arch, module.params_list, module.learn
     N = module.n_models
     if N > 2:
@@ -137,21 +154,37 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         aligned = [params_list[0]] + [Alignment(spec, h).apply_params(p) for h, p in zip(hard, params_list[1:])]
         return hard, aligned
 
-    hard, aligned = hard_params()
-    best = (_val_barrier(arch, aligned, mixes, val, own, dtype, device), 0, hard)
-    history = [(0, best[0])]
+    key = None
+    if checkpoint is not None:  # before any step: the key covers the initial latents
+        options = {"steps": steps, "lr": lr, "lam": lam, "alpha": alpha, "lambdas_per_step": lambdas_per_step,
+                   "eval_every": eval_every, "patience": patience, "seed": seed, "target": target,
+                   "temperature": temperature, "augment": None if augment is None else repr(augment)}
+        key = learned_checkpoint.input_key(module, train, val, options)
+    resumed = None if checkpoint is None else learned_checkpoint.load(checkpoint, key, module, opt, sched, gen)
+    if resumed is None:
+        hard, aligned = hard_params()
+        best = (_val_barrier(arch, aligned, mixes, val, own, dtype, device), 0, hard)
+        history = [(0, best[0])]
+        bad, start, pos = 0, 0, 0
+    else:
+        best, history = resumed["best"], resumed["history"]
+        bad, start, pos = resumed["bad"], resumed["step"], resumed["pos"]
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps, desc="learned matching")
-    bad, step, batch_iter = 0, 0, iter(())
-    for step in range(1, steps + 1):
+        bar = tqdm(total=steps, initial=start, desc="learned matching")
+    # pos: batches taken from the current pass over `train`, so a resumed run continues at the same batch
+    step, batch_iter = start, iter(train)
+    for _ in range(pos):
+        next(batch_iter)
+    for step in range(start + 1, steps + 1):
         try:
             x, y = next(batch_iter)
         except StopIteration:
-            batch_iter = iter(train)
+            batch_iter, pos = iter(train), 0
             x, y = next(batch_iter)
+        pos += 1
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         if augment is not None:
@@ -190,6 +223,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
             bar.set_postfix(loss=f"{loss.item():.4f}", best_val_barrier=f"{best[0]:.4f}")
         if stop:
             break
+        if checkpoint is not None and step % checkpoint_every == 0 and step < steps:
+            learned_checkpoint.save(checkpoint, key, module, opt, sched, gen,
+                                    {"step": step, "pos": pos, "bad": bad, "best": best, "history": history})
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - t0
@@ -205,8 +241,9 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
                      lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
                      head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
                      target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0, device=None,
-                     progress: bool = False) -> Alignment:
-    """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A."""
+                     progress: bool = False, checkpoint=None, checkpoint_every: int | None = None) -> Alignment:
+    """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A.
+    checkpoint=PATH, checkpoint_every=N: resumable, see `fit_alignments`."""
     train, val = split_batches(data, val_fraction)
     if learn not in LEARN_MODES:
         raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
@@ -215,7 +252,8 @@ def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3
                               device=device, seed=seed)
     hard, info = fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step,
                                 eval_every=eval_every, patience=patience, seed=seed, target=target,
-                                temperature=temperature, augment=augment, progress=progress)
+                                temperature=temperature, augment=augment, progress=progress,
+                                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     info["init"] = "weight" if init is None else init.info.get("method", "weight")
     return exact_alignment(module.spec, hard[0], info)
 
