@@ -16,22 +16,23 @@ def _progress(enabled: bool, desc: str, total=None):
     return tqdm(total=total, desc=desc)
 
 
-def params_pair(model_a, model_b, space: str):
+def params_pair(model_a, model_b, space: str, heads: bool = True):
     check_compatible(model_a, model_b, mlp="equal")  # every config field, not only the Arch
     arch_a, raw_a = standard_params(model_a)
     arch_b, raw_b = standard_params(model_b)
     check_same_arch(arch_a, arch_b, "model_b")
-    spec = spec_for(arch_a, space)
+    spec = spec_for(arch_a, space, heads=heads)
     return spec, prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)
 
 
 def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0, max_iter: int = 100,
           tol: float = 1e-4, order: str = "structured", max_batches: int | None = None,
-          progress: bool = False, **learned_kw) -> Alignment:
+          progress: bool = False, heads: bool | None = None, **learned_kw) -> Alignment:
     """The alignment g with g . model_b as close to model_a as the method can make it.
 
     - "weight": generalized weight matching over every symmetry group (data-free);
-    - "permutation": Git Re-Basin weight matching on raw parameters (the baseline);
+    - "permutation": Git Re-Basin weight matching on raw parameters (the baseline): the
+      residual, MLP units and whole heads permuted; `heads=False` leaves attention alone;
     - "activation": the same solvers on activation cross-covariances over `data`;
     - "learned": straight-through optimisation of the alignment on the task loss of the
       midpoints (needs `data`), initialised at weight matching. Keyword options go to
@@ -45,26 +46,30 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if heads is not None and method != "permutation":
+        raise ValueError(f"heads is an option of method 'permutation', not {method!r}")
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}
     al = _match(model_a, model_b, method, data, seed=seed, max_iter=max_iter, tol=tol, order=order,
-                max_batches=max_batches, progress=progress, **learned_kw)
+                max_batches=max_batches, progress=progress, heads=heads, **learned_kw)
     al.info.update(fingerprints)
     return al
 
 
-def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_batches, progress, **learned_kw):
+def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_batches, progress, heads=None,
+           **learned_kw):
     # A narrower MLP in B is zero-padded to A's width (function-preserving); the assignment
     # then leaves the zero units on A's unmatched units (models/resize.py).
     model_b = widen_mlp_to(adapter_for(model_a).arch(model_a), model_b)
     if method == "permutation":
         from .weight import weight_matching
 
-        spec, pa, pb = params_pair(model_a, model_b, "raw")
+        spec, pa, pb = params_pair(model_a, model_b, "raw", heads=heads is not False)
         bar = _progress(progress, "permutation matching", max_iter)
         elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed, progress=bar)
         info["method"] = "permutation"
+        info["heads"] = heads is not False
     elif method == "weight":
         from .weight import weight_matching
 

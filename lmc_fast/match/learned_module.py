@@ -25,9 +25,10 @@ from ..symmetry import Alignment, canonical_spec, check_same_arch, model_fingerp
 from ..symmetry import elements as E
 from .projection import Latents, apply_dense
 
-LEARN_MODES = ("all", "continuous", "residual")
-#: latent names each `learn` mode trains (None: all); permutations stay at their initial solution otherwise
-_LEARNED = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",)}
+LEARN_MODES = ("all", "continuous", "residual", "permutations")
+#: latent names each `learn` mode trains (None: all); the others stay at their initial solution
+_LEARNED = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",),
+            "permutations": ("mlp_latent", "head_perm")}
 
 
 def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
@@ -118,7 +119,8 @@ class LearnedAlignment(MixedAlignments):
     "identity", or an Alignment in canonical space). `forward(inputs, lam)` runs the model
     (1 - lam) theta_A + lam g . theta_B (lam a number: logits of that model; K numbers: logits
     with a leading K axis); `alignment()` returns the hard Alignment, which `apply(model_b)`
-    like any other. `learn` ("all" | "continuous" | "residual") picks the latents that train.
+    like any other. `learn` ("all" | "continuous" | "residual" | "permutations") picks the latents
+    that train.
     The two models are read once, here; they are neither trained nor held as submodules."""
 
     def __init__(self, model_a, model_b, init="weight", *, head_map: str = "orthogonal", learn: str = "all",

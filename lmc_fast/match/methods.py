@@ -28,8 +28,9 @@ _LEARNED = ("steps", "lr", "lam", "lambdas_per_step", "val_fraction", "eval_ever
             "target", "temperature", "augment", "seed")
 _ALL = (
     Method("none", False, "raw", False, "raw parameters, no alignment (the baseline every paper reports)"),
-    Method("permutation", False, "raw", True, "Git Re-Basin weight matching of the MLP permutations on raw parameters",
-           _SOLVER),
+    Method("permutation", False, "raw", True,
+           "Git Re-Basin weight matching of the residual, MLP and head permutations on raw parameters",
+           _SOLVER + ("heads",)),
     Method("weight", False, "canonical", True, "weight matching over every Transformer symmetry group", _SOLVER),
     Method("activation", True, "canonical", True, "the same solvers on activation cross-covariances over data",
            ("max_batches",)),

@@ -4,7 +4,10 @@
 - orthogonal: Procrustes, M = polar(C) = U V^T; with R 1 = 1 (LayerNorm models) the polar
   factor is taken in the complement of the ones direction;
 - heads: score(i, j) = ||C_qk[i, j]||_* + ||C_vo[i, j]||_* (the best per-head orthogonal
-  fit), assignment over heads, then per-head Procrustes for the matched pairs.
+  fit), assignment over heads, then per-head Procrustes for the matched pairs;
+- whole-head permutations (head_map "none", raw space): score(i, j) = sum over the head
+  blocks of <A head i, B head j> (Q / K / V row blocks and biases, O column blocks), then an
+  assignment over heads.
 Solvers take a batch of groups of one kind so that all layers are solved in one call.
 """
 from __future__ import annotations
@@ -42,6 +45,17 @@ def correlation(group: Group, pa: dict, pb: dict):
             C = term if C is None else C + term
         out[circuit] = C
     return out
+
+
+def head_scores(group: Group, pa: dict, pb: dict) -> torch.Tensor:
+    """(H, H) score of whole-head permutations: S[i, j] = sum over the group's axes of the
+    Frobenius inner product of A's head-i block with B's head-j block."""
+    H = group.n_heads
+    S = None
+    for ax in group.axes:
+        term = flat(pa[ax.param], ax.axis).reshape(H, -1) @ flat(pb[ax.param], ax.axis).reshape(H, -1).T
+        S = term if S is None else S + term
+    return S
 
 
 def solve_permutations(Cs: torch.Tensor, warm: dict | None = None, key=None) -> torch.Tensor:

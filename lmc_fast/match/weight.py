@@ -19,7 +19,7 @@ import torch
 
 from ..numerics import all_finite
 from ..symmetry.elements import apply_spec, identity
-from ..symmetry.spec import Spec
+from ..symmetry.spec import NO_HEAD_MAP, Spec
 from . import solve
 
 
@@ -30,6 +30,8 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
     `warm` carries assignment prices from sweep to sweep (see solve.solve_permutations)."""
     mlp = [n for n in names if spec.groups[n].kind == "permutation"]
     heads = [n for n in names if spec.groups[n].kind == "heads"]
+    perm_heads = [n for n in heads if spec.groups[n].head_map == NO_HEAD_MAP]  # raw space: whole heads
+    heads = [n for n in heads if n not in perm_heads]
     if freeze_perms:
         for n in heads:
             c = solve.correlation(spec.groups[n], pa, pb_r)
@@ -39,6 +41,10 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
     if mlp:
         Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in mlp])
         for n, perm in zip(mlp, solve.solve_permutations(Cs, warm, tuple(mlp))):
+            elements[n] = {"perm": perm}
+    if perm_heads:
+        S = torch.stack([solve.head_scores(spec.groups[n], pa, pb_r) for n in perm_heads])
+        for n, perm in zip(perm_heads, solve.solve_permutations(S, warm, tuple(perm_heads))):
             elements[n] = {"perm": perm}
     if heads:
         cs = [solve.correlation(spec.groups[n], pa, pb_r) for n in heads]

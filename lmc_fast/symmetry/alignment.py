@@ -12,7 +12,7 @@ from . import elements as E
 from .canonical import canonical_params
 from .elements import InvalidAlignmentError
 from .fingerprint import model_fingerprint
-from .spec import Spec, canonical_spec, permutation_spec
+from .spec import NO_HEAD_MAP, Spec, canonical_spec, permutation_spec
 
 FORMAT = "lmc_fast.alignment/1"
 _ARCH_KEYS = tuple(f.name for f in fields(Arch))  # every field: eps and activation change the function too
@@ -29,11 +29,13 @@ def check_same_arch(expected: Arch, got: Arch, what: str = "model"):
             raise ValueError(f"{what} does not fit: {key} is {getattr(got, key)!r}, expected {getattr(expected, key)!r}")
 
 
-def spec_for(arch: Arch, space: str, head_map: str = "orthogonal") -> Spec:
+def spec_for(arch: Arch, space: str, head_map: str = "orthogonal", heads: bool = True) -> Spec:
+    """`head_map` picks the canonical space's per-head maps; `heads` whether the raw space's
+    permutation spec permutes whole heads (see permutation_spec)."""
     if space == "canonical":
         return canonical_spec(arch, head_map)
     if space == "raw":
-        return permutation_spec(arch)
+        return permutation_spec(arch, heads=heads)
     raise ValueError(f"space must be 'canonical' or 'raw', got {space!r}")
 
 
@@ -156,7 +158,9 @@ class Alignment:
             header = _parse_header(meta)
             arch = Arch.from_dict(header["arch"])
             _check_layer_count(arch, header, tensors)
-            spec = spec_for(arch, header["space"], header.get("head_map", "orthogonal"))
+            head_map = header.get("head_map", "orthogonal")
+            # raw space: files with head permutations say head_map "none"; older ones have no heads groups
+            spec = spec_for(arch, header["space"], head_map, heads=head_map == NO_HEAD_MAP)
             _check_groups(spec, header, tensors)
         except Exception as exc:  # safetensors / json / header errors all mean the same to a user
             raise InvalidAlignmentError(f"{path} is not a valid lmc_fast alignment file: {_one_line(exc)}") from exc

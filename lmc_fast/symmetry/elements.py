@@ -4,7 +4,9 @@ An element is a dict of tensors, by group kind:
 - permutation: {"perm": (n,)}; new[i] = old[perm[i]] along the axis.
 - orthogonal:  {"matrix": (n, n)}; new = M @ old along the axis (M^{-T} = M on dual axes).
 - heads:       {"perm": (H,), "qk": (H, d_h, d_h), "vo": (H, d_h, d_h)};
-               new head i = A_i @ old head perm[i] (A_i^{-T} on dual axes).
+               new head i = A_i @ old head perm[i] (A_i^{-T} on dual axes);
+               with head_map "none" (raw-space head permutation): {"perm": (H,)} only,
+               new head i = old head perm[i].
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import math
 
 import torch
 
-from .spec import Axis, Group, Spec
+from .spec import NO_HEAD_MAP, Axis, Group, Spec
 
 Element = dict[str, torch.Tensor]
 
@@ -25,6 +27,11 @@ MAX_CONDITION = 1e8
 
 class InvalidAlignmentError(ValueError):
     """An alignment element (or file) that is not a valid group element."""
+
+
+def _perm_only(group: Group) -> bool:
+    """A heads group whose elements are whole-head permutations (no per-head maps)."""
+    return group.kind == "heads" and group.head_map == NO_HEAD_MAP
 
 
 def householder_basis(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -42,6 +49,8 @@ def identity(group: Group, dtype=torch.float64, device=None) -> Element:
         return {"perm": torch.arange(group.size, device=device)}
     if group.kind == "orthogonal":
         return {"matrix": torch.eye(group.size, dtype=dtype, device=device)}
+    if _perm_only(group):
+        return {"perm": torch.arange(group.n_heads, device=device)}
     eye = torch.eye(group.head_dim, dtype=dtype, device=device).expand(group.n_heads, -1, -1).clone()
     return {"perm": torch.arange(group.n_heads, device=device), "qk": eye, "vo": eye.clone()}
 
@@ -77,6 +86,8 @@ def random_element(group: Group, generator=None, dtype=torch.float64) -> Element
         if group.centred:
             return {"matrix": centred_orthogonal(random_orthogonal(group.size - 1, generator, dtype))}
         return {"matrix": random_orthogonal(group.size, generator, dtype)}
+    if _perm_only(group):
+        return {"perm": torch.randperm(group.n_heads, generator=generator)}
     maker = random_orthogonal if group.head_map == "orthogonal" else random_invertible
     H, dh = group.n_heads, group.head_dim
     return {"perm": torch.randperm(H, generator=generator),
@@ -91,6 +102,8 @@ def expected_shapes(group: Group) -> dict[str, tuple[int, ...]]:
     if group.kind == "orthogonal":
         return {"matrix": (group.size, group.size)}
     H, dh = group.n_heads, group.head_dim
+    if _perm_only(group):
+        return {"perm": (H,)}
     return {"perm": (H,), "qk": (H, dh, dh), "vo": (H, dh, dh)}
 
 
@@ -188,6 +201,8 @@ def validate(group: Group, el: Element) -> None:
         _check_orthogonal(group, "matrix", el["matrix"], centred=group.centred)
         return
     _check_permutation(group, "perm", el["perm"])
+    if _perm_only(group):
+        return
     for key in ("qk", "vo"):
         _check_float(group, key, el[key])
         if group.head_map == "orthogonal":
@@ -232,6 +247,9 @@ def apply_axis(W: torch.Tensor, group: Group, ax: Axis, el: Element) -> torch.Te
         out = flat[el["perm"].to(W.device)]
     elif group.kind == "orthogonal":
         out = el["matrix"].to(W) @ flat
+    elif _perm_only(group):
+        perm = el["perm"].to(W.device)
+        out = flat.reshape(group.n_heads, group.head_dim, -1)[perm].reshape(shape[0], -1)
     else:
         A = el[ax.circuit].to(W)
         T = _dual(group, A) if ax.dual else A
@@ -256,7 +274,7 @@ def apply_spec(spec: Spec, params: dict[str, torch.Tensor], elements: dict[str, 
 
 def compose(group: Group, first: Element, second: Element) -> Element:
     """The element acting as `first` after `second`: (first . second) . theta = first . (second . theta)."""
-    if group.kind == "permutation":
+    if group.kind == "permutation" or _perm_only(group):
         return {"perm": second["perm"][first["perm"]]}
     if group.kind == "orthogonal":
         return {"matrix": first["matrix"] @ second["matrix"].to(first["matrix"])}
@@ -267,7 +285,7 @@ def compose(group: Group, first: Element, second: Element) -> Element:
 
 
 def inverse(group: Group, el: Element) -> Element:
-    if group.kind == "permutation":
+    if group.kind == "permutation" or _perm_only(group):
         return {"perm": torch.argsort(el["perm"])}
     if group.kind == "orthogonal":
         return {"matrix": el["matrix"].transpose(-1, -2).clone()}

@@ -12,6 +12,9 @@ from ..models.adapters import Arch
 
 KINDS = ("permutation", "orthogonal", "heads")
 HEAD_MAPS = ("orthogonal", "invertible")
+#: per-head maps of a heads group: HEAD_MAPS, or "none" (whole heads permuted, no per-head map:
+#: the raw-space head permutation of the permutation baseline; elements are {"perm"} only)
+NO_HEAD_MAP = "none"
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Group:
     centred: bool = False  # orthogonal map restricted to R 1 = 1 (LayerNorm models)
     n_heads: int = 0
     head_dim: int = 0
-    head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h) or GL(d_h)
+    head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h), GL(d_h), or "none" (identity)
 
     @property
     def layer_local(self) -> bool:
@@ -112,9 +115,12 @@ def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
     return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": residual})
 
 
-def permutation_spec(arch: Arch) -> Spec:
+def permutation_spec(arch: Arch, heads: bool = True) -> Spec:
     """The Git Re-Basin baseline on raw parameters: the residual stream as one permutation
-    (norm scales and shifts move with it), one permutation per MLP; attention left alone."""
+    (norm scales and shifts move with it), one permutation per MLP, and one permutation of
+    whole heads per layer (Q / K / V row blocks with their biases and O column blocks move
+    together, no per-head map: Verma & Elbayad's Transformer re-basin). `heads=False`
+    leaves attention alone (the earlier baseline)."""
     axes = [Axis(p, a) for p, a in residual_writers(arch)]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     for n in norm_readers(arch):
@@ -122,4 +128,4 @@ def permutation_spec(arch: Arch) -> Spec:
         if arch.norm == "layernorm":
             axes.append(Axis(n + ".bias", 0))
     residual = Group("residual", "permutation", arch.d_model, tuple(axes))
-    return Spec(arch, "raw", {**_layer_groups(arch, None), "residual": residual})
+    return Spec(arch, "raw", {**_layer_groups(arch, NO_HEAD_MAP if heads else None), "residual": residual})
