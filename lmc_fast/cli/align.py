@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+from ..method_names import ALIGN_METHODS, DATA_METHODS
 from .args import add_command, data_options, finite_positive_float, model_pair, positive_int
 from .console import CLIError, Console
 from .data import batches, data_paths, model_data
@@ -17,7 +18,7 @@ AUGMENTATIONS = {"none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift",
 def register(subparsers, parents):
     a = add_command(subparsers, "align", "align model B onto model A", parents)
     model_pair(a)
-    a.add_argument("--method", default="weight", choices=["weight", "permutation", "activation", "learned"],
+    a.add_argument("--method", default="weight", choices=ALIGN_METHODS,
                    help="matching method")
     a.add_argument("--steps", type=positive_int, default=1000, help="learned matching: Adam steps")
     a.add_argument("--lr", type=finite_positive_float, default=3e-3, help="learned matching: Adam learning rate")
@@ -64,7 +65,7 @@ def run(args, con: Console) -> int:
     a, b = load(args.a, args.device), load(args.b, args.device)
     kw = {}
     data_spec = None
-    if args.method in ("activation", "learned"):
+    if args.method in DATA_METHODS:
         data_spec, train_ds, _ = model_data(args, [a, b], [args.a, args.b])
         kw["data"] = batches(train_ds, args.batch_size or 64, True, args.max_batches, args.device)
         if args.method == "activation":

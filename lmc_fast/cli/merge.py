@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..method_names import ALIGN_METHODS, DATA_METHODS
 from .args import add_command, data_options, finite_positive_float, positive_int, sample_count
 from .console import CLIError, Console
 from .data import batches, data_paths, model_data
@@ -14,7 +15,7 @@ from .outputs import Outputs, now
 def register(subparsers, parents):
     m = add_command(subparsers, "merge", "align several models, save aligned copies and their average", parents)
     m.add_argument("models", nargs="+", help="checkpoints; the first is the reference")
-    m.add_argument("--method", default="weight", choices=["weight", "permutation", "activation", "learned"],
+    m.add_argument("--method", default="weight", choices=ALIGN_METHODS,
                    help="matching method")
     m.add_argument("--mode", choices=["mean", "reference"], default=None,
                    help="mean: MergeMany; reference: align all to the first (default: mean for weight / "
@@ -56,8 +57,8 @@ def run(args, con: Console) -> int:
     outputs.check()
 
     models = [load(p, args.device) for p in args.models]
-    needs_data = args.method in ("activation", "learned")
-    mode = args.mode or ("mean" if args.method in ("weight", "permutation") else "reference")
+    needs_data = args.method in DATA_METHODS
+    mode = args.mode or ("reference" if needs_data else "mean")  # MergeMany's mean needs a data-free method
     spec = train_ds = test_ds = None
     if needs_data or args.data or any(getattr(m, "lmc_fast_metadata", {}).get("data") for m in models):
         spec, train_ds, test_ds = model_data(args, models, args.models)  # CLIError when data is needed but unknown

@@ -8,6 +8,7 @@ import torch
 from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_all
 from ..symmetry import Alignment
+from ..method_names import DATA_FREE_ALIGN_METHODS
 from .align import align, params_pair
 
 
@@ -46,8 +47,8 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     current = [al.apply_params(p) for al, p in zip(alignments, originals)]
     done_rounds = 0
     if mode == "mean":
-        if method not in ("weight", "permutation"):
-            raise ValueError("mode='mean' needs a data-free method ('weight' or 'permutation')")
+        if method not in DATA_FREE_ALIGN_METHODS:
+            raise ValueError(f"mode='mean' needs a data-free method ({' or '.join(map(repr, DATA_FREE_ALIGN_METHODS))})")
         from .weight import weight_matching
 
         rng = random.Random(seed)
