@@ -44,6 +44,11 @@ def trained(rec, seed: int, cache: Path, **train_kw):
     return m.eval()
 
 
+def permutation_without_heads(a, b, test, lambdas) -> float:
+    """The older permutation baseline: residual and MLP permutations, attention heads left alone."""
+    return lf.barrier(a, lf.align(a, b, "permutation", heads=False).apply(b), test, lambdas, space="raw").barrier
+
+
 def digits_pair(seeds, cache: Path, learned_steps: list[int]) -> dict:
     from lmc_fast.data.augment import Mixup
 
@@ -59,6 +64,7 @@ def digits_pair(seeds, cache: Path, learned_steps: list[int]) -> dict:
         al = lf.align(a, b, method, data=train_batches)
         aligned[method] = al
         rec[method] = lf.barrier(a, al.apply(b), test, 11, space=space).barrier
+    rec["permutation_no_heads"] = permutation_without_heads(a, b, test, 11)
     rec["weight_iterations"] = aligned["weight"].info["iterations"]
     for steps in learned_steps:  # the recipe of tests/test_real_data.py, at each step count
         t0 = time.perf_counter()
@@ -81,6 +87,7 @@ def shakespeare_pair(seeds, cache: Path) -> dict:
     rec = {"setting": "gpt2-shakespeare", "seeds": list(seeds)}
     rec["none"] = lf.barrier(a, b, test, 7, space="raw").barrier
     rec["permutation"] = lf.barrier(a, lf.align(a, b, "permutation").apply(b), test, 7, space="raw").barrier
+    rec["permutation_no_heads"] = permutation_without_heads(a, b, test, 7)
     rec["weight"] = lf.barrier(a, lf.align(a, b, "weight").apply(b), test, 7).barrier
     return rec
 
