@@ -2,10 +2,10 @@
 fused engines, in one process, on the paper ViT and a GPT-2 config.
 
 Variants (all return one metrics dict per lambda; losses are compared to the loop's):
-  loop         engine.evaluate_mixtures_loop: per point mix, build a model, evaluate (baseline)
-  fused        engine.evaluate_mixtures_fused (fp32, what lf.barrier runs): mixtures stacked along
+  loop         the per_point engine: per point mix, build a model, evaluate (baseline)
+  fused        the batched engine (fp32, what lf.barrier runs): mixtures stacked along
                K, batched GEMMs, passes of at most --max-tokens tokens (default: per device)
-  kernel       sweep.fused.evaluate_mixtures_fast with the Triton lerp_matmul in every linear
+  kernel       the lerp_kernel engine: the Triton lerp_matmul in every linear
                layer (CUDA only)
   *_tf32       the same with TF32 tensor-core GEMMs (CUDA only; loss error vs the fp32 loop reported)
   *_bf16       the same in bfloat16 (loss error vs the fp32 loop reported)
@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import matmul_peak, print_table, record, sync, write_results  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
-from lmc_fast.sweep.engine import evaluate_mixtures_fused, evaluate_mixtures_loop  # noqa: E402
-from lmc_fast.sweep.fused import bf16_fast_here, evaluate_mixtures_fast, matmul_tf32  # noqa: E402
+from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures  # noqa: E402
+from lmc_fast.sweep.lerp_kernel import bf16_fast_here  # noqa: E402
+from lmc_fast.sweep.per_point import evaluate_per_point  # noqa: E402
 from lmc_fast.sweep.interpolate import models_params  # noqa: E402
 
 
@@ -104,19 +105,16 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     W = [[1.0 - l, l] for l in lams]
     sizes = {**sizes, "K": args.K}
     flops = args.K * forward_flops(arch, n, tokens, in_feat, classes) / 1e9
+    opts = EvalOptions(device=device, chunk=args.chunk, max_tokens=args.max_tokens)
     variants = {
-        "loop": lambda: evaluate_mixtures_loop([a, b], params, W, data),
-        "fused": lambda: evaluate_mixtures_fused(arch, params, W, data, device=device, chunk=args.chunk,
-                                                 max_tokens=args.max_tokens),
+        "loop": lambda: evaluate_per_point(a, params, W, data),
+        "fused": lambda: evaluate_mixtures(arch, params, W, data, opts.replace(kernel=False)),
     }
     if device.type == "cuda":
-        variants["kernel"] = lambda: evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk,
-                                                            kernel=True)
+        variants["kernel"] = lambda: evaluate_mixtures(arch, params, W, data, opts.replace(kernel=True, max_tokens=None))
 
         def tf32(kernel):
-            with matmul_tf32(True):
-                return evaluate_mixtures_fast(arch, params, W, data, device=device, chunk=args.chunk,
-                                              kernel=kernel, max_tokens=args.max_tokens)
+            return evaluate_mixtures(arch, params, W, data, opts.replace(kernel=kernel, tf32=True))
 
         variants["fused_tf32"] = lambda: tf32(False)  # fp32 storage, TF32 tensor-core GEMMs
         variants["kernel_tf32"] = lambda: tf32(True)
@@ -146,13 +144,12 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     bdata = data if native else [(data[0][0][: args.bf16_slice], data[0][1][: args.bf16_slice])]
     bn = n if native else min(args.bf16_slice, data[0][0].shape[0])
     bflops = args.K * forward_flops(arch, bn, tokens, in_feat, classes) / 1e9
-    bvar = {"fused_fp32": lambda: evaluate_mixtures_fused(arch, params, W, bdata, device=device, chunk=args.chunk,
-                                                          max_tokens=args.max_tokens),
-            "fused_bf16": lambda: evaluate_mixtures_fused(arch, params, W, bdata, device=device, chunk=args.chunk,
-                                                          dtype=torch.bfloat16, max_tokens=args.max_tokens)}
+    bvar = {"fused_fp32": lambda: evaluate_mixtures(arch, params, W, bdata, opts.replace(kernel=False)),
+            "fused_bf16": lambda: evaluate_mixtures(arch, params, W, bdata,
+                                                    opts.replace(kernel=False, dtype=torch.bfloat16))}
     if device.type == "cuda":
-        bvar["kernel_bf16"] = lambda: evaluate_mixtures_fast(arch, params, W, bdata, device=device, chunk=args.chunk,
-                                                             dtype=torch.bfloat16, kernel=True)
+        bvar["kernel_bf16"] = lambda: evaluate_mixtures(arch, params, W, bdata,
+                                                        opts.replace(kernel=True, dtype=torch.bfloat16, max_tokens=None))
     bres = {k: fn() for k, fn in bvar.items()}
     if native:
         bvar["loop"] = variants["loop"]

@@ -32,7 +32,7 @@ from .models.adapters import check_compatible, standard_params
 from .sweep.barrier import BarrierResult, barrier_result, lambda_grid
 from .sweep.batches import limited, reiterable
 from .sweep.checks import spec_from_model
-from .sweep.fused import evaluate_mixtures_fast
+from .sweep.evaluate import EvalOptions, evaluate_mixtures
 from .symmetry import Alignment, check_same_arch, prepare_params, spec_for
 
 #: the data-free methods of the registry (match/methods.py), cheap enough to run during training,
@@ -203,9 +203,9 @@ class BarrierMonitor:
             elements, _ = weight_matching(spec, fixed, current, seed=self.seed)
             current = Alignment(spec, elements).apply_params(current)
         evals = sorted(set(self.lambdas) | {0.0, 0.5, 1.0})
-        rows = evaluate_mixtures_fast(arch, [fixed, current], [[1.0 - l, l] for l in evals], self.data,
-                                      max_batches=self.max_batches, dtype=self.dtype or p0.dtype, device=p0.device,
-                                      input_spec=spec_from_model(model))
+        options = EvalOptions(max_batches=self.max_batches, dtype=self.dtype or p0.dtype, device=p0.device,
+                              input_spec=spec_from_model(model))
+        rows = evaluate_mixtures(arch, [fixed, current], [[1.0 - l, l] for l in evals], self.data, options)
         by_lam = dict(zip(evals, rows))
         res = barrier_result(self.lambdas, by_lam, self.space, "fused", time.perf_counter() - t0)
         return res, by_lam[0.5]["loss"]

@@ -70,7 +70,7 @@ def test_fused_engine_equals_loop_float32(kind):
 
 
 def test_pass_plan_keeps_passes_within_the_token_budget():
-    from lmc_fast.sweep.engine import pass_plan
+    from lmc_fast.sweep.batched import pass_plan
 
     assert pass_plan(K=25, B=16, T=65, chunk=32, max_tokens=2048) == (1, 16)    # 1040 tokens a mixture
     assert pass_plan(K=25, B=2, T=65, chunk=32, max_tokens=2048) == (15, 2)     # many mixtures per pass
@@ -85,20 +85,21 @@ def test_pass_plan_keeps_passes_within_the_token_budget():
 def test_fused_engine_equals_loop_at_any_token_budget(kind, max_tokens):
     """Split batches (budget below one sample's tokens times the batch), one mixture a pass,
     and everything in one pass all give the loop's numbers."""
-    from lmc_fast.sweep.engine import evaluate_mixtures_fused, evaluate_mixtures_loop
+    from lmc_fast.sweep.batched import evaluate_batched
+    from lmc_fast.sweep.per_point import evaluate_per_point
     from lmc_fast.sweep.interpolate import models_params
 
     a, b = make_model(kind, seed=5, dtype=torch.float32), make_model(kind, seed=6, dtype=torch.float32)
     arch, params = models_params([a, b], "canonical")
     data = classification_data(kind)
     W = [[1 - l, l] for l in (0.0, 0.3, 0.5, 1.0)]
-    loop = evaluate_mixtures_loop([lf.to_canonical(a), lf.to_canonical(b)], params, W, data)
-    fused = evaluate_mixtures_fused(arch, params, W, data, chunk=3, max_tokens=max_tokens)
+    loop = evaluate_per_point(lf.to_canonical(a), params, W, data)
+    fused = evaluate_batched(arch, params, W, data, chunk=3, max_tokens=max_tokens)
     for r, f in zip(loop, fused):
         for key in ("loss", "acc", "ece"):
             assert abs(r[key] - f[key]) <= 1e-5 * max(1.0, abs(r[key])), (key, r[key], f[key])
     with pytest.raises(ValueError, match="max_tokens"):
-        evaluate_mixtures_fused(arch, params, W, data, max_tokens=0)
+        evaluate_batched(arch, params, W, data, max_tokens=0)
 
 
 @pytest.mark.parametrize("kind", ["vit", "gpt2"])

@@ -1,12 +1,12 @@
-"""sweep.fused.evaluate_mixtures_fast returns the loop's numbers (fp32: 1e-5 relative), on the
-batched path and on the Triton lerp_matmul path (interpreter on CPU, compiled on CUDA)."""
+"""sweep.evaluate.evaluate_mixtures returns the per-point engine's numbers (fp32: 1e-5 relative),
+on the batched engine and on the Triton lerp_matmul engine (interpreter on CPU, compiled on CUDA)."""
 import pytest
 import torch
 
 import lmc_fast as lf
 from lmc_fast.kernels.lerp_matmul import triton_available
-from lmc_fast.sweep.engine import evaluate_mixtures_loop
-from lmc_fast.sweep.fused import evaluate_mixtures_fast
+from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
+from lmc_fast.sweep.per_point import evaluate_per_point
 from lmc_fast.sweep.interpolate import models_params
 
 
@@ -31,8 +31,8 @@ def test_fast_matches_loop(family, kernel):
     a, b, data = _case(family)
     arch, params = models_params([a, b], "raw")
     W = [[1 - l, l] for l in (0.0, 0.3, 0.5, 1.0)]
-    ref = evaluate_mixtures_loop([a, b], params, W, data)
-    got = evaluate_mixtures_fast(arch, params, W, data, chunk=3, kernel=kernel)
+    ref = evaluate_per_point(a, params, W, data)
+    got = evaluate_mixtures(arch, params, W, data, EvalOptions(chunk=3, kernel=kernel))
     for r, g in zip(ref, got):
         assert g["loss"] == pytest.approx(r["loss"], rel=1e-5)
         assert g["acc"] == pytest.approx(r["acc"])
@@ -43,11 +43,11 @@ def test_three_models_and_bf16():
     c = lf.models.ViT(a.config).eval()
     arch, params = models_params([a, b, c], "raw")
     W = [[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]]
-    ref = evaluate_mixtures_loop([a, b, c], params, W, data)
-    got = evaluate_mixtures_fast(arch, params, W, data)
+    ref = evaluate_per_point(a, params, W, data)
+    got = evaluate_mixtures(arch, params, W, data)
     for r, g in zip(ref, got):
         assert g["loss"] == pytest.approx(r["loss"], rel=1e-5)
-    low = evaluate_mixtures_fast(arch, params, W, data, dtype=torch.bfloat16)
+    low = evaluate_mixtures(arch, params, W, data, EvalOptions(dtype=torch.bfloat16))
     for r, g in zip(ref, low):
         assert g["loss"] == pytest.approx(r["loss"], rel=5e-2)
 
@@ -56,9 +56,9 @@ def test_errors():
     a, b, data = _case("gpt2")
     arch, params = models_params([a, b], "raw")
     with pytest.raises(ValueError, match="weights must be"):
-        evaluate_mixtures_fast(arch, params, [[1.0, 0.0, 0.0]], data)
+        evaluate_mixtures(arch, params, [[1.0, 0.0, 0.0]], data)
     with pytest.raises(ValueError, match="no data"):
-        evaluate_mixtures_fast(arch, params, [[1.0, 0.0]], [])
+        evaluate_mixtures(arch, params, [[1.0, 0.0]], [])
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -79,7 +79,7 @@ def test_barrier_reaches_the_kernel_path(kernel):
 def test_tf32_switch_is_scoped_to_the_call():
     """barrier(tf32=...) sets the CUDA matmul precision only inside the call (no effect on the
     numbers on CPU) and restores the global flags, also when the call fails."""
-    from lmc_fast.sweep.fused import matmul_tf32
+    from lmc_fast.sweep.evaluate import matmul_tf32
 
     a, b, data = _case("vit")
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -94,3 +94,25 @@ def test_tf32_switch_is_scoped_to_the_call():
             assert torch.backends.cuda.matmul.allow_tf32 == (not before[0])
             raise RuntimeError("boom")
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_one_evaluator_names_its_engines():
+    """evaluate_mixtures runs per_point (needs a template), batched, or lerp_kernel (picked by
+    `kernel`), and gives every engine the same numbers."""
+    from lmc_fast.sweep.evaluate import engine_for
+
+    a, b, data = _case("vit")
+    arch, params = models_params([a, b], "raw")
+    W = [[1 - l, l] for l in (0.0, 0.5, 1.0)]
+    assert engine_for(EvalOptions(), 2) == "batched" and engine_for(EvalOptions(engine="per_point"), 2) == "per_point"
+    if triton_available("cpu"):
+        assert engine_for(EvalOptions(kernel=True), 2) == "lerp_kernel"
+    ref = evaluate_mixtures(arch, params, W, data, EvalOptions(engine="per_point"), template=a)
+    assert ref == evaluate_per_point(a, params, W, data)
+    got = evaluate_mixtures(arch, params, W, data, EvalOptions(tf32=True, max_tokens=8))
+    for r, g in zip(ref, got):
+        assert g["loss"] == pytest.approx(r["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="needs template"):
+        evaluate_mixtures(arch, params, W, data, EvalOptions(engine="per_point"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        evaluate_mixtures(arch, params, W, data, EvalOptions(engine="fused"))

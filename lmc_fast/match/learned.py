@@ -19,7 +19,7 @@ from ..models.adapters import standard_params
 from ..sweep import functional as Fn
 from ..sweep.batches import reiterable
 from ..sweep.checks import check_batch, spec_from_params
-from ..sweep.engine import evaluate_mixtures_fused
+from ..sweep.evaluate import EvalOptions, evaluate_mixtures
 from ..sweep.metrics import has_kept_targets, task_loss
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, check_same_arch, prepare_params
@@ -56,8 +56,8 @@ def split_batches(data, val_fraction: float):
     return batches[:-n_val], batches[-n_val:]
 
 
-def _val_barrier(arch, params_list, mixes, val, own_losses, dtype, device) -> float:
-    rows = evaluate_mixtures_fused(arch, params_list, mixes, val, dtype=dtype, device=device)
+def _val_barrier(arch, params_list, mixes, val, own_losses, options: EvalOptions) -> float:
+    rows = evaluate_mixtures(arch, params_list, mixes, val, options)
     return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
 
 
@@ -146,8 +146,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     mixes = [[1.0 - l, l] for l in (0.25, 0.5, 0.75)] if N == 2 else [[1.0 / N] * N]
-    own = torch.tensor([r["loss"] for r in evaluate_mixtures_fused(arch, params_list, torch.eye(N, dtype=torch.float64),
-                                                                   val, dtype=dtype, device=device)], dtype=torch.float64)
+    evals = EvalOptions(dtype=dtype, device=device)  # the validation sweeps: local, the module's dtype and device
+    own = torch.tensor([r["loss"] for r in evaluate_mixtures(arch, params_list, torch.eye(N, dtype=torch.float64),
+                                                             val, evals)], dtype=torch.float64)
 
     def hard_params():
         hard = module.hard_elements()
@@ -163,7 +164,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     resumed = None if checkpoint is None else learned_checkpoint.load(checkpoint, key, module, opt, sched, gen)
     if resumed is None:
         hard, aligned = hard_params()
-        best = (_val_barrier(arch, aligned, mixes, val, own, dtype, device), 0, hard)
+        best = (_val_barrier(arch, aligned, mixes, val, own, evals), 0, hard)
         history = [(0, best[0])]
         bad, start, pos = 0, 0, 0
     else:
@@ -211,7 +212,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         stop = False
         if step % eval_every == 0 or step == steps:
             hard, aligned = hard_params()
-            vb = _val_barrier(arch, aligned, mixes, val, own, dtype, device)
+            vb = _val_barrier(arch, aligned, mixes, val, own, evals)
             history.append((step, vb))
             if vb < best[0] - 1e-6:
                 best, bad = (vb, step, hard), 0

@@ -2,10 +2,11 @@
 
 barrier = max_lam [ L(theta_lam) - ((1 - lam) L(theta_A) + lam L(theta_B)) ]
 
-Two engines return the same numbers:
+Two engines return the same numbers (both through `evaluate.evaluate_mixtures`):
 - "loop": the per-point baseline every prior tool runs (interpolate, load, evaluate);
 - "fused": all K points in one pass per batch, parameters stacked along a lambda axis,
-  batched GEMMs, and the embedding (linear in the parameters) computed once per end point.
+  batched GEMMs, and the embedding (linear in the parameters) computed once per end point
+  (or, on CUDA with `kernel`, the Triton lerp_matmul mixing the weights inside each GEMM).
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 from .batches import reiterable
 from .checks import as_real, spec_from_model
-from .engine import evaluate_mixtures_loop
-from .fused import evaluate_mixtures_fast, matmul_tf32
+from .evaluate import EvalOptions, evaluate_mixtures
 from .interpolate import models_params
-from .shard import shard_of
+
+#: the public engine names -> `EvalOptions.engine`
+ENGINE_NAMES = {"loop": "per_point", "fused": "batched"}
 
 
 @dataclass
@@ -84,25 +86,11 @@ def lambda_grid(lambdas) -> list[float]:
     return grid
 
 
-def _batch_count(data, max_batches: int | None) -> int | None:
-    """How many batches a sweep reads (a progress bar's total), when `data` has a length."""
-    try:
-        n = len(data)
-    except TypeError:
-        return None
-    return n if max_batches is None else min(n, max_batches)
-
-
-def progress_bar(progress: bool, engine: str, n_points: int, data, max_batches, desc: str):
-    """A bar with a total (so it shows an ETA): the loop engine counts points, the fused
-    engines count batches (every point advances on each); None when progress is off."""
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    if engine == "loop":
-        return tqdm(total=n_points, desc=f"{desc} (loop)", unit="pt")
-    return tqdm(total=_batch_count(data, max_batches), desc=f"{desc} ({engine})", unit="batch")
+def public_engine(engine: str) -> str:
+    """"loop" | "fused" (what lf.barrier and lf.simplex take) -> the evaluator's engine name."""
+    if engine not in ENGINE_NAMES:
+        raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
+    return ENGINE_NAMES[engine]
 
 
 def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
@@ -131,24 +119,12 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     data = reiterable(data)
     arch, params = models_params([model_a, model_b], space)
     evals = sorted(set(lams) | {0.0, 1.0})
-    if engine not in ("loop", "fused"):
-        raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
-    shard = shard_of(distributed) if engine == "fused" else None
-    bar = progress_bar(progress, engine, len(evals), data, max_batches, "sweep")
-    weights = [[1.0 - l, l] for l in evals]
-    try:
-        if engine == "loop":
-            results = evaluate_mixtures_loop([model_a, model_b], params, weights, data, max_batches, bar)
-        else:
-            p0 = next(model_a.parameters())
-            with matmul_tf32(tf32):
-                results = evaluate_mixtures_fast(arch, params, weights, data, max_batches=max_batches, progress=bar,
-                                                 dtype=dtype or p0.dtype, device=device or p0.device, chunk=chunk,
-                                                 kernel=kernel, max_tokens=max_tokens,
-                                                 input_spec=spec_from_model(model_a), shard=shard)
-    finally:
-        if bar is not None:
-            bar.close()
+    p0 = next(model_a.parameters())
+    options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
+                          chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
+                          input_spec=spec_from_model(model_a), distributed=distributed if engine == "fused" else False,
+                          progress=progress, desc="sweep")
+    results = evaluate_mixtures(arch, params, [[1.0 - l, l] for l in evals], data, options, template=model_a)
     return barrier_result(lams, dict(zip(evals, results)), space, engine, time.perf_counter() - t0)
 
 

@@ -1,9 +1,8 @@
-"""Evaluate K mixtures sum_n w_kn theta_n of N models: the hot path of every sweep.
+"""The batched engine: K mixtures sum_n w_kn theta_n of N models in one pass per batch.
 
-- `evaluate_mixtures_loop`: the per-point baseline (mix, load into a model, evaluate);
-- `evaluate_mixtures_fused`: every point in one pass per batch: mixed parameters stacked
-  along a leading K axis, batched GEMMs, and the embedding (linear in the parameters)
-  computed once per model and mixed, instead of once per point.
+Mixed parameters stacked along a leading K axis, batched GEMMs, and the embedding (linear in
+the parameters) computed once per model and mixed, instead of once per point. The hot path
+of every sweep; `evaluate.evaluate_mixtures` picks it (or another engine) from `EvalOptions`.
 Unit of work = (block of mixtures, data shard), so sharding across processes drops in.
 """
 from __future__ import annotations
@@ -12,12 +11,9 @@ import numbers
 
 import torch
 
-from ..models.adapters import adapter_for
 from . import functional as Fn
-from .batches import limited
 from .checks import check_batch, check_sweep_memory, spec_from_params
-from .interpolate import mix
-from .metrics import MetricSums, evaluate
+from .metrics import MetricSums
 from .shard import reduce_sums, sharded
 
 
@@ -33,17 +29,6 @@ def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
             term = W[:, n].reshape(-1, *([1] * t.dim())) * t
             acc = term if acc is None else acc + term
         out[name] = acc.to(device=device, dtype=dtype)
-    return out
-
-
-def evaluate_mixtures_loop(models, params_list, weights, data, max_batches=None, progress=None) -> list[dict]:
-    adapter, template = adapter_for(models[0]), models[0]
-    out = []
-    for w in weights:
-        model = adapter.build(template, mix(params_list, w))
-        out.append(evaluate(model, limited(data, max_batches)))
-        if progress is not None:
-            progress.update(1)
     return out
 
 
@@ -83,7 +68,7 @@ def check_weight_matrix(W: torch.Tensor, n_models: int) -> None:
 
 
 @torch.no_grad()
-def evaluate_mixtures_fused(arch, params_list, weights, data, *, max_batches=None, progress=None,
+def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, progress=None,
                             dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
                             fewer: str = "fewer lambdas", input_spec=None, shard=None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N). Each data batch is embedded once per end

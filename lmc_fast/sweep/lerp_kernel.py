@@ -1,28 +1,18 @@
-"""Faster fused sweep engines (DESIGN section 3), beside `engine.evaluate_mixtures_fused`.
+"""The lerp-kernel engine (CUDA, two end models): nothing is mixed in memory.
 
-`evaluate_mixtures_fast(arch, params_list, weights, data, ...)` returns exactly what
-`engine.evaluate_mixtures_loop` / `evaluate_mixtures_fused` return (one metrics dict per
-mixture) and runs one of two paths:
+Every linear layer calls the Triton `lerp_matmul`, which forms `(1 - lam_k) W_A + lam_k W_B`
+tiles inside the GEMM; the small vectors (norm scales and shifts) are mixed directly. Default
+only where the kernel benchmark (bench/bench_lerp_matmul.py, bench/bench_sweep.py on CUDA)
+shows it faster than mixing then calling cuBLAS (the batched engine): `kernel="auto"` follows
+`KERNEL_DEFAULT_ON_CUDA`. `evaluate.evaluate_mixtures` decides, from `EvalOptions.kernel`.
 
-- "batched" (every device; the CPU default): mixed parameters built once per call, per
-  tensor, with the loop's own float64 arithmetic (`sum_n w_kn theta_n`, then one cast), but
-  without stacking every model's parameters and without a float64 einsum over all of them
-  (on a 2-core CPU that einsum costs as much as several layers of the forward pass); then
-  the functional forward with batched GEMMs, the embedding computed once per end model.
-- "kernel" (CUDA, two end models): nothing is mixed in memory. Every linear layer calls the
-  Triton `lerp_matmul`, which forms `(1 - lam_k) W_A + lam_k W_B` tiles inside the GEMM;
-  the small vectors (norm scales and shifts) are mixed directly. Default only where the
-  kernel benchmark (bench/bench_lerp_matmul.py, bench/bench_sweep.py on CUDA) shows it
-  faster than mixing then calling cuBLAS: `kernel="auto"` follows `KERNEL_DEFAULT_ON_CUDA`.
-
-Low precision: `dtype=torch.bfloat16` casts the mixed parameters and activations to bf16
-(mixing itself stays float64, metrics are accumulated in float64). This pays off only where
-bf16 GEMMs are fast (CUDA; CPUs with AVX-512 BF16 / AMX): `bf16_fast_here()` says whether
-the CPU has them; without them PyTorch's CPU bf16 GEMM is a slow fallback.
+Low precision (any engine): `dtype=torch.bfloat16` casts the mixed parameters and activations
+to bf16 (mixing itself stays float64, metrics are accumulated in float64). This pays off only
+where bf16 GEMMs are fast (CUDA; CPUs with AVX-512 BF16 / AMX): `bf16_fast_here()` says
+whether the CPU has them; without them PyTorch's CPU bf16 GEMM is a slow fallback.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -31,13 +21,11 @@ import torch.nn.functional as F
 from ..models.adapters import Arch
 from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
+from .batched import accumulate, results, token_budget
 from .checks import check_batch, check_sweep_memory, spec_from_params
-from .engine import (accumulate, check_weight_matrix, evaluate_mixtures_fused, mix_params,  # noqa: F401  (mix_params re-exported)
-                     results, token_budget)
 from .shard import reduce_sums, sharded
 
-__all__ = ["evaluate_mixtures_fast", "mix_params", "lerp_forward", "bf16_fast_here", "matmul_tf32",
-           "KERNEL_DEFAULT_ON_CUDA"]
+__all__ = ["KERNEL_DEFAULT_ON_CUDA", "bf16_fast_here", "evaluate_lerp_kernel", "lerp_forward", "use_kernel"]
 
 #: Whether kernel="auto" uses the Triton lerp_matmul path on CUDA. Off until a CUDA run of
 #: bench/bench_sweep.py shows the kernel path faster than mixing + cuBLAS (no GPU run yet).
@@ -109,22 +97,8 @@ def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torc
     return _lin(h, pa, pb, lam, arch.head_name)
 
 
-@contextlib.contextmanager
-def matmul_tf32(enabled: bool | None):
-    """Within the block, CUDA fp32 GEMMs (cuBLAS and the lerp_matmul kernel) use TF32 tensor
-    cores when `enabled`, IEEE fp32 when not; None leaves the global setting. No effect on CPU."""
-    if enabled is None:
-        yield
-        return
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def _use_kernel(kernel, device, n_models: int) -> bool:
+def use_kernel(kernel, device, n_models: int) -> bool:
+    """Whether `kernel` ("auto" | True | False) picks this engine for a sweep of n_models on `device`."""
     device = torch.device(device)
     if kernel in (False, "off", None):
         return False
@@ -146,23 +120,13 @@ def _use_kernel(kernel, device, n_models: int) -> bool:
 
 
 @torch.no_grad()
-def evaluate_mixtures_fast(arch: Arch, params_list, weights, data, *, max_batches=None, progress=None,
-                           dtype=torch.float32, device="cpu", chunk: int = 32, kernel="auto",
-                           max_tokens: int | None = None, fewer: str = "fewer lambdas", input_spec=None,
-                           shard=None) -> list[dict]:
-    """One metrics dict per row of `weights` (K, N): the same contract as the engines in
-    `engine.py`. `chunk` bounds how many mixtures share one forward pass (memory);
-    `max_tokens` sizes the batched-GEMM engine's passes (see `engine.MAX_TOKENS`)."""
-    W = torch.as_tensor(weights, dtype=torch.float64)
-    check_weight_matrix(W, len(params_list))
+def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_batches=None, progress=None,
+                         dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
+                         fewer: str = "fewer lambdas", input_spec=None, shard=None) -> list[dict]:
+    """One metrics dict per row of `weights` (K, 2, checked by the caller): the batched
+    engine's contract. `chunk` bounds how many mixtures share one forward pass (memory)."""
     K, N = W.shape
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
-    if not _use_kernel(kernel, device, N):  # the batched-GEMM engine
-        return evaluate_mixtures_fused(arch, params_list, W, data, max_batches=max_batches, progress=progress,
-                                       dtype=dtype, device=device, chunk=chunk, max_tokens=max_tokens, fewer=fewer,
-                                       input_spec=input_spec, shard=shard)
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch

@@ -7,12 +7,11 @@ import time
 
 import torch
 
-from .barrier import progress_bar
+from .barrier import public_engine
 from .batches import reiterable
 from .checks import as_real, spec_from_model
-from .engine import evaluate_mixtures_fused, evaluate_mixtures_loop
+from .evaluate import EvalOptions, evaluate_mixtures
 from .interpolate import models_params
-from .shard import shard_of
 
 #: Most Dirichlet samples one sweep draws (each is a full evaluation; past this it is a typo).
 MAX_SAMPLES = 100_000
@@ -52,27 +51,21 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
     if len(models) < 2:
         raise ValueError("simplex needs at least two models")
     alpha, n = check_alpha(alpha), check_samples(n)
-    if engine not in ("loop", "fused"):
-        raise ValueError(f"engine must be 'loop' or 'fused', got {engine!r}")
+    name = public_engine(engine)
     t0 = time.perf_counter()
     data = reiterable(data)
     arch, params = models_params(models, space)
     N = len(models)
     eye, centroid = torch.eye(N, dtype=torch.float64), torch.full((1, N), 1.0 / N, dtype=torch.float64)
     weights = torch.cat([eye, centroid, dirichlet(n, N, alpha, seed)])
-    shard = shard_of(distributed) if engine == "fused" else None
-    bar = progress_bar(progress, engine, len(weights), data, max_batches, "simplex")
-    try:
-        if engine == "loop":
-            res = evaluate_mixtures_loop(models, params, weights.tolist(), data, max_batches, bar)
-        else:
-            p0 = next(models[0].parameters())
-            res = evaluate_mixtures_fused(arch, params, weights, data, max_batches=max_batches, progress=bar,
-                                          dtype=p0.dtype, device=p0.device, chunk=chunk, max_tokens=max_tokens,
-                                          fewer="fewer samples", input_spec=spec_from_model(models[0]), shard=shard)
-    finally:
-        if bar is not None:
-            bar.close()
+    p0 = next(models[0].parameters())
+    options = EvalOptions(engine=name, dtype=p0.dtype, device=p0.device, chunk=chunk, max_tokens=max_tokens,
+                          max_batches=max_batches, input_spec=spec_from_model(models[0]),
+                          distributed=distributed if engine == "fused" else False, progress=progress,
+                          desc="simplex", fewer="fewer samples")
+    # the per-point engine takes the weights as lists (the loop's own float64 arithmetic)
+    res = evaluate_mixtures(arch, params, weights.tolist() if engine == "loop" else weights, data, options,
+                            template=models[0])
     own = torch.tensor([r["loss"] for r in res[:N]], dtype=torch.float64)
     own_acc = torch.tensor([r["acc"] for r in res[:N]], dtype=torch.float64)
     rows = []
