@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from .machine import machine_info
 from .match.methods import METHODS, REGISTRY
 DATASETS = {"digits": "vit-digits", "fashion-mnist": "vit-fashion-mnist"}
 #: Said wherever a --quick run's numbers appear: its models are tiny and barely trained.
@@ -38,28 +38,6 @@ def demo_outputs(out, seeds=(0, 1), methods=METHODS) -> list[tuple[str, Path]]:
     entries = [("folder", out / "models" / f"seed{s}") for s in seeds]
     entries += [("file", out / "alignments" / f"{m}.safetensors") for m in methods if m != "none"]
     return entries + [("file", out / "results.json"), ("file", out / "curves.png")]
-
-
-def machine_info(device="cpu") -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-            "device": str(device)}
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    try:
-        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
-    return info
 
 
 def _quick_recipe(r, data: str):

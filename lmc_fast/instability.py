@@ -29,8 +29,6 @@ import itertools
 import json
 import math
 import numbers
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import torch
 
 from .atomic import atomic_file, write_json
 from .errors import CheckpointError
+from .machine import machine_info
 from .match.methods import REGISTRY
 
 FORMAT = "lmc_fast.instability/1"
@@ -244,22 +243,6 @@ def _summary(rows, spawn_steps, methods) -> list[dict]:
     return out
 
 
-def _machine(device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "device": str(device)}
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    try:
-        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
-    return info
 
 
 # ---------------------------------------------------------------- the analysis
@@ -365,7 +348,7 @@ def instability(recipe="gpt2-shakespeare", out="instability", *, spawn_steps=(0,
     result = {"kind": "instability", **settings, "spawn_steps": spawn, "copies": copies, "methods": list(methods),
               "lambdas": lams, "eval_batches": eval_batches, "eval_examples": sum(len(x) for x, _ in test),
               "rows": rows, "summary": _summary(rows, spawn, methods), "units": counts,
-              "seconds": {**seconds, "total": time.perf_counter() - t_start}, "machine": _machine(device),
+              "seconds": {**seconds, "total": time.perf_counter() - t_start}, "machine": machine_info(device),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
     json_path = Path(json_path) if json_path is not None else out / "instability.json"
     plot_path = Path(plot_path) if plot_path is not None else out / "instability.png"
