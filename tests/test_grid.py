@@ -130,6 +130,8 @@ def test_outputs(reference, models):
     r = records[1]
     assert r["pair"] == [0, 1] and r["method"] == "permutation" and r["a"] == models[0] and r["b"] == models[1]
     assert r["space"] == "raw" and set(r["seconds"]) == {"load", "solve", "canonicalise", "sweep", "write"}
+    assert r["memory"]["source"] == "planned (sweep estimate)" and r["memory"]["peak_bytes"] > 0  # CPU: the plan
+    assert r["memory"]["blocks"] == 1 and r["memory"]["mixtures_per_block"] == 3
     assert r["curve"]["lambdas"] == [0.0, 0.5, 1.0] and r["info"]["fingerprint_a"]
     assert (reference / r["alignment"]).is_file() and records[0]["alignment"] is None
     assert any(x["barrier"] > 1e-4 for x in records)  # trained a little: a real (if small) measurement

@@ -171,3 +171,35 @@ def test_merge_many_planted_recovers_copies():
     for m in merged:
         for p1, p2 in zip(m.parameters(), ref.parameters()):
             assert torch.allclose(p1, p2, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["vit", "gpt2"])
+def test_mixtures_that_do_not_fit_together_run_in_blocks(kind):
+    """With max_memory between one mixture's and all K's planned bytes, the batched engine
+    plans blocks of mixtures (one pass over the data each) and returns the same numbers; it
+    refuses only when one mixture does not fit."""
+    from lmc_fast.sweep import checks
+    from lmc_fast.sweep.batched import token_budget
+    from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
+    from lmc_fast.sweep.interpolate import models_params
+
+    a, b = make_model(kind, seed=5), make_model(kind, seed=6)  # float64: blocks must not change a digit
+    arch, params = models_params([a, b], "canonical")
+    data = classification_data(kind)
+    W = [[1 - l, l] for l in (0.0, 0.1, 0.3, 0.5, 0.7, 1.0)]
+    opts = EvalOptions(dtype=torch.float64, max_tokens=64)
+    whole_plan, plan = {}, {}
+    whole = evaluate_mixtures(arch, params, W, data, opts.replace(report=whole_plan))
+    assert whole_plan["blocks"] == 1 and whole_plan["mixtures_per_block"] == 6
+    budget = token_budget(64, "cpu")
+    one, two = (checks.fused_sweep_bytes(arch, params[0], k, 2, torch.float64, budget) for k in (1, 2))
+    blocks = evaluate_mixtures(arch, params, W, data, opts.replace(max_memory=two + 10, report=plan))
+    assert plan == {"planned_bytes": two, "mixtures_per_block": 2, "blocks": 3}
+    assert plan["planned_bytes"] < whole_plan["planned_bytes"]
+    for r, g in zip(whole, blocks):
+        for key in ("loss", "acc", "ece"):
+            assert g[key] == pytest.approx(r[key], rel=1e-12, abs=1e-12), key
+    with pytest.raises(ValueError, match="even one mixture does not fit"):
+        evaluate_mixtures(arch, params, W, data, opts.replace(max_memory=one - 1))
+    with pytest.raises(ValueError, match="max_memory must be"):
+        evaluate_mixtures(arch, params, W, data, opts.replace(max_memory=0))

@@ -150,9 +150,11 @@ class Runner:
         return al, reused, path
 
     def compute(self, unit: Unit) -> dict:
-        import lmc_fast as lf
+        from ..sweep.barrier import barrier_with
+        from ..sweep.evaluate import EvalOptions
 
         seconds = {"load": 0.0, "solve": 0.0, "canonicalise": 0.0, "sweep": 0.0, "write": 0.0}
+        on_cuda = _reset_peak_memory(self.group.device)
         t0 = time.perf_counter()
         i, j = unit.pair
         a, b = self.models.get(i), self.models.get(j)
@@ -166,9 +168,11 @@ class Runner:
             seconds["canonicalise"] = time.perf_counter() - t0
         batches = self.eval_batches()
         t0 = time.perf_counter()
-        # distributed=False: the ranks run different units, so no sweep may wait for the others
-        res = lf.barrier(a, b, batches, lambdas=list(self.spec.lambdas), space=m.space, device=self.group.device,
-                         distributed=False)
+        # distributed=False: the ranks run different units, so no sweep may wait for the others;
+        # max_memory None: the device's free memory, the mixtures split into blocks that fit
+        plan: dict = {}
+        res = barrier_with(a, b, batches, list(self.spec.lambdas), m.space,
+                           EvalOptions(device=self.group.device, distributed=False, report=plan))
         seconds["sweep"] = time.perf_counter() - t0
         mid = res.at(0.5)
         record = {"unit": unit.index, "key": unit.key, "pair": list(unit.pair), "a": self.paths[i],
@@ -178,9 +182,34 @@ class Runner:
                   "acc_barrier": res.acc_barrier, "loss_mid": mid["loss"], "acc_mid": mid["acc"],
                   "curve": res.to_dict(), "info": _jsonable(al.info) if al is not None else {},
                   "alignment": str(al_path.relative_to(self.out)) if al_path is not None else None,
-                  "alignment_reused": reused, "seconds": seconds, "rank": self.group.rank,
+                  "alignment_reused": reused, "seconds": seconds,
+                  "memory": _peak_memory(on_cuda, self.group.device, plan), "rank": self.group.rank,
                   "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         return record
+
+
+def _reset_peak_memory(device) -> bool:
+    """Start counting this unit's peak CUDA memory; False on other devices (nothing to count)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    torch.cuda.reset_peak_memory_stats(device)
+    return True
+
+
+def _peak_memory(on_cuda: bool, device, plan: dict) -> dict:
+    """The unit's peak memory and what it is: on CUDA the allocator's peak over the whole unit
+    (solve and sweep); elsewhere the sweep's planned bytes (an estimate: CPU has no allocator peak)."""
+    import torch
+
+    out = {"mixtures_per_block": plan.get("mixtures_per_block"), "blocks": plan.get("blocks"),
+           "planned_bytes": plan.get("planned_bytes")}
+    if on_cuda:
+        return {"peak_bytes": torch.cuda.max_memory_allocated(torch.device(device)),
+                "source": "torch.cuda.max_memory_allocated", **out}
+    return {"peak_bytes": plan.get("planned_bytes"), "source": "planned (sweep estimate)", **out}
 
 
 def _unit_path(out: Path, unit: Unit) -> Path:

@@ -112,6 +112,16 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     all-reduces the metric sums: every rank returns the whole result (`sweep/shard.py`);
     `distributed=False` keeps the sweep local (the loop engine always is). Call it on every rank.
     """
+    p0 = next(model_a.parameters())
+    options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
+                          chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
+                          distributed=distributed if engine == "fused" else False, progress=progress, desc="sweep")
+    return barrier_with(model_a, model_b, data, lambdas, space, options)
+
+
+def barrier_with(model_a, model_b, data, lambdas, space: str, options: EvalOptions) -> BarrierResult:
+    """`barrier` with the evaluator's options given whole (the grid's way in: max_memory, report).
+    `options.dtype` / `options.device` default to model_a's; `input_spec` to model_a's inputs."""
     import time
 
     t0 = time.perf_counter()
@@ -120,11 +130,10 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     arch, params = models_params([model_a, model_b], space)
     evals = sorted(set(lams) | {0.0, 1.0})
     p0 = next(model_a.parameters())
-    options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
-                          chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
-                          input_spec=spec_from_model(model_a), distributed=distributed if engine == "fused" else False,
-                          progress=progress, desc="sweep")
+    options = options.replace(dtype=options.dtype or p0.dtype, device=options.device or p0.device,
+                              input_spec=options.input_spec or spec_from_model(model_a))
     results = evaluate_mixtures(arch, params, [[1.0 - l, l] for l in evals], data, options, template=model_a)
+    engine = "loop" if options.engine == "per_point" else "fused"
     return barrier_result(lams, dict(zip(evals, results)), space, engine, time.perf_counter() - t0)
 
 

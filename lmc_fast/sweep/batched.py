@@ -12,7 +12,7 @@ import numbers
 import torch
 
 from . import functional as Fn
-from .checks import check_batch, check_sweep_memory, spec_from_params
+from .checks import check_batch, plan_mixture_blocks, spec_from_params
 from .metrics import MetricSums
 from .shard import reduce_sums, sharded
 
@@ -69,13 +69,17 @@ def check_weight_matrix(W: torch.Tensor, n_models: int) -> None:
 
 @torch.no_grad()
 def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, progress=None,
-                            dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
-                            fewer: str = "fewer lambdas", input_spec=None, shard=None) -> list[dict]:
+                     dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
+                     fewer: str = "fewer lambdas", input_spec=None, shard=None, max_memory: int | None = None,
+                     report: dict | None = None) -> list[dict]:
     """One metrics dict per row of `weights` (K, N). Each data batch is embedded once per end
     model; the mixtures then go through the forward pass in blocks sized by `pass_plan`
     (at most `chunk` mixtures and about `max_tokens` tokens a pass; default per device).
-    Refuses up front a sweep whose estimated memory exceeds what is available (`fewer`
-    names the knob to turn in that message). Every batch is checked against `input_spec`
+    When the K stacked mixtures do not fit in `max_memory` bytes (None: the device's free
+    memory), they are evaluated in blocks that do, one pass over the data per block
+    (`checks.plan_mixture_blocks`); a sweep of which one mixture does not fit is refused up
+    front. `report`, a dict, receives the plan: planned_bytes, mixtures_per_block, blocks.
+    Every batch is checked against `input_spec`
     (`checks.spec_from_model` of an end model: exact image shapes) or, without one, against
     what the parameters tell. `shard` = (rank, world): this rank's batches only, the sums then
     all-reduced (`shard.py`)."""
@@ -86,15 +90,29 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
     budget = token_budget(max_tokens, device)
-    check_sweep_memory(arch, params_list[0], K, N, dtype, device, budget, fewer=fewer)
+    block, planned = plan_mixture_blocks(arch, params_list[0], K, N, dtype, device, budget, max_memory=max_memory)
+    starts = range(0, K, block)
+    if report is not None:
+        report.update(planned_bytes=planned, mixtures_per_block=min(block, K), blocks=len(starts))
     spec = input_spec or spec_from_params(arch, params_list[0])
     # the embedding is all the forward needs of the end models themselves
     names = Fn.embedding_names(arch)
     ends = Fn.stack([{k: p[k].to(device=device, dtype=dtype) for k in names} for p in params_list])
+    sums = [None] * K
+    for b0 in starts:  # one block (all K mixtures, unless memory says otherwise) at a time
+        idx = list(range(b0, min(b0 + block, K)))
+        _evaluate_block(arch, params_list, W[idx], idx, ends, data, sums, spec, dtype, device, chunk, budget,
+                        max_batches, shard, progress, 1 / len(starts) if len(starts) > 1 else 1)
+    return results(reduce_sums(sums, shard))
+
+
+def _evaluate_block(arch, params_list, W, idx, ends, data, sums, spec, dtype, device, chunk, budget, max_batches,
+                    shard, progress, step) -> None:
+    """Add the metrics of the mixtures `idx` (weights W) over the data to `sums`."""
+    K = len(idx)
     # mixing in float64 per tensor, then one cast: the same parameters the loop loads
     mixed = mix_params(params_list, W, dtype, device)
     Wd = W.to(device=device, dtype=dtype)
-    sums = [None] * K
     for x, y in sharded(data, max_batches, shard):
         check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
@@ -107,10 +125,9 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
                 k1 = min(k0 + k_pass, K)
                 p = {name: t[k0:k1] for name, t in mixed.items()}
                 h = torch.einsum("kn,n...->k...", Wd[k0:k1], es)
-                accumulate(sums, list(range(k0, k1)), Fn.head(arch, p, Fn.blocks(arch, p, h)), ys)
+                accumulate(sums, idx[k0:k1], Fn.head(arch, p, Fn.blocks(arch, p, h)), ys)
         if progress is not None:
-            progress.update(1)
-    return results(reduce_sums(sums, shard))
+            progress.update(step)
 
 
 def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor):

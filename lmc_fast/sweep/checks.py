@@ -218,12 +218,47 @@ def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int
     return int(total)
 
 
+def check_max_memory(max_memory) -> int | None:
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1):
+        raise ValueError(f"max_memory must be a number of bytes >= 1 (or None: the device's free memory), "
+                         f"got {max_memory!r}")
+    return max_memory
+
+
+def memory_limit(device, max_memory: int | None = None) -> int | None:
+    """The bytes a sweep may use: `max_memory`, else the device's free memory (None: unknown)."""
+    return available_memory_bytes(device) if check_max_memory(max_memory) is None else max_memory
+
+
+def plan_mixture_blocks(arch, params: dict, K: int, N: int, dtype, device, max_tokens: int, *,
+                        max_memory: int | None = None) -> tuple[int, int]:
+    """(mixtures per block, planned peak bytes) for the batched engine: all K mixtures at once
+    when they fit in `memory_limit`, else as many as fit beside one pass (their stacked
+    parameters grow with the block; the pass and the end models' embeddings do not). Refuses,
+    before anything is allocated, only a sweep of which even one mixture does not fit."""
+    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens)
+    free = memory_limit(device, max_memory)
+    if free is None or need <= free:
+        return K, need
+    fixed = fused_sweep_bytes(arch, params, 0, N, dtype, max_tokens)
+    per_mixture = fused_sweep_bytes(arch, params, 1, N, dtype, max_tokens) - fixed
+    block = (free - fixed) // per_mixture
+    if block < 1:
+        _refuse(fixed + per_mixture, free, 1, N, dtype, max_tokens, "a smaller --max-tokens (even one mixture "
+                "does not fit)")
+    return int(block), int(fixed + block * per_mixture)
+
+
+def _refuse(need: int, free: int, K: int, N: int, dtype, max_tokens: int, advice: str):
+    raise ValueError(f"sweep needs about {format_gb(need)} (K={K} mixtures of {N} models, max_tokens={max_tokens}, "
+                     f"{str(dtype).replace('torch.', '')}) but only {format_gb(free)} is available; use {advice}")
+
+
 def check_sweep_memory(arch, params: dict, K: int, N: int, dtype, device, max_tokens: int, *,
-                       stacked: bool = True, fewer: str = "fewer lambdas") -> None:
-    """Refuse, before anything is allocated, a fused sweep that would not fit in memory."""
+                       stacked: bool = True, fewer: str = "fewer lambdas", max_memory: int | None = None) -> int:
+    """Refuse, before anything is allocated, a fused sweep that would not fit in memory; else its planned bytes."""
     need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens, stacked)
-    free = available_memory_bytes(device)
+    free = memory_limit(device, max_memory)
     if free is not None and need > free:
-        raise ValueError(f"sweep needs about {format_gb(need)} (K={K} mixtures of {N} models, max_tokens={max_tokens}, "
-                         f"{str(dtype).replace('torch.', '')}) but only {format_gb(free)} is available; "
-                         f"use {fewer} or a smaller --max-tokens")
+        _refuse(need, free, K, N, dtype, max_tokens, f"{fewer} or a smaller --max-tokens")
+    return need

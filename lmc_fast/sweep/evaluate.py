@@ -44,6 +44,9 @@ class EvalOptions:
     progress: bool = False  # a tqdm bar: points (per_point) or batches (the others)
     desc: str = "sweep"  # the bar's label
     fewer: str = "fewer lambdas"  # what the out-of-memory refusal tells the user to ask for
+    max_memory: int | None = None  # bytes a sweep may use (None: the device's free memory); more mixtures
+    #                                than fit are evaluated in blocks that do (checks.plan_mixture_blocks)
+    report: dict | None = None  # receives the memory plan: planned_bytes, mixtures_per_block, blocks
 
     def replace(self, **changes) -> "EvalOptions":
         return replace(self, **changes)
@@ -121,7 +124,8 @@ def evaluate_mixtures(arch, params_list, weights, data, options: EvalOptions = E
             return run(arch, params_list, W, data, max_batches=options.max_batches, progress=bar,
                        dtype=options.dtype or torch.float32, device=torch.device(options.device or "cpu"),
                        chunk=options.chunk, max_tokens=options.max_tokens, fewer=options.fewer,
-                       input_spec=options.input_spec, shard=shard)
+                       input_spec=options.input_spec, shard=shard, max_memory=options.max_memory,
+                       report=options.report)
     finally:
         if bar is not None:
             bar.close()

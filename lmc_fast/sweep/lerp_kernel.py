@@ -122,7 +122,8 @@ def use_kernel(kernel, device, n_models: int) -> bool:
 @torch.no_grad()
 def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_batches=None, progress=None,
                          dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
-                         fewer: str = "fewer lambdas", input_spec=None, shard=None) -> list[dict]:
+                         fewer: str = "fewer lambdas", input_spec=None, shard=None, max_memory: int | None = None,
+                         report: dict | None = None) -> list[dict]:
     """One metrics dict per row of `weights` (K, 2, checked by the caller): the batched
     engine's contract. `chunk` bounds how many mixtures share one forward pass (memory)."""
     K, N = W.shape
@@ -130,8 +131,10 @@ def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch
-    check_sweep_memory(arch, params_list[0], min(K, chunk), N, dtype, device, token_budget(max_tokens, device),
-                       stacked=False, fewer=fewer)
+    planned = check_sweep_memory(arch, params_list[0], min(K, chunk), N, dtype, device,
+                                 token_budget(max_tokens, device), stacked=False, fewer=fewer, max_memory=max_memory)
+    if report is not None:
+        report.update(planned_bytes=planned, mixtures_per_block=min(K, chunk), blocks=1)
     spec = input_spec or spec_from_params(arch, params_list[0])
     blocks = [list(range(i, min(i + chunk, K))) for i in range(0, K, chunk)]
     pa, pb = ({k: v.to(device=device, dtype=dtype) for k, v in p.items()} for p in params_list)
