@@ -105,29 +105,42 @@ def _acquire(lock: Path) -> int:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if _same_file(fd, lock):
-                return fd
         except BaseException:
-            os.close(fd)
+            _release_lock(fd, lock, only_if_free=True)
             raise
+        if _same_file(fd, lock):
+            return fd
         os.close(fd)
 
 
 @contextlib.contextmanager
 def _target_lock(path: Path):
     """Writers of `path` take turns: an exclusive flock on a hidden lock file beside it, removed afterwards
-    (while still held, so a waiter that then locks the removed file notices and retries)."""
+    (while still held, so a waiter that then locks the removed file notices and retries). Taking the lock
+    is not interrupted by SIGINT/SIGTERM (they are delivered after the write), so no lock file is left."""
     if fcntl is None:
         yield
         return
     lock = path.parent / f"{TEMP_PREFIX}{_tag(path.name)}.lock"
-    fd = _acquire(lock)
+    fd = None
     try:
+        with signals_deferred():
+            fd = _acquire(lock)
         yield
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
-        os.close(fd)
+        if fd is not None:
+            _release_lock(fd, lock)
+
+
+def _release_lock(fd, lock: Path, only_if_free: bool = False) -> None:
+    """Remove the lock file (when `only_if_free`: only if nobody holds it) and close `fd`."""
+    with signals_deferred():
+        try:
+            if (not only_if_free or _lock_nowait(fd)) and _same_file(fd, lock):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+        finally:
+            os.close(fd)
 
 
 def _remove_tree_or_file(path: Path) -> None:
@@ -165,6 +178,27 @@ def temp_folder(path: Path):
     Every write goes through such a folder: whatever a writer leaves in it (safetensors, for one, writes
     its own `.tmpXXXXXX` and renames it) is removed with it. The folder is flock'ed while it lives, so a
     later writer can tell an abandoned one, and removed on leaving (its files have been renamed out)."""
+    fd = None
+    try:
+        with signals_deferred():  # no signal between creating the folder and owning its clean-up
+            tmp, fd = _new_temp_folder(path)
+        _lock_nowait(fd)  # a fresh name: nobody else holds it
+        # the umask, read without changing it (os.umask would, for every thread): 0o777 masked, minus x bits
+        file_mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o666
+        yield tmp, file_mode
+    finally:
+        if fd is not None:
+            # a signal must not cut the removal short (that would leave half a temp folder behind):
+            # it is recorded and delivered once the write is over
+            with signals_deferred():
+                try:
+                    _remove_tree_or_file(tmp)  # still locked: no cleaner races us
+                finally:
+                    os.close(fd)
+
+
+def _new_temp_folder(path: Path) -> tuple[Path, int]:
+    """A fresh temp folder beside `path` and an open fd on it."""
     for _ in range(100):
         tmp = path.parent / f"{temp_prefix(path.name)}{secrets.token_hex(6)}.tmp"
         try:
@@ -174,17 +208,11 @@ def temp_folder(path: Path):
             continue
     else:
         raise FileExistsError(f"{path.parent}: cannot create a temporary folder")
-    fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        _lock_nowait(fd)  # a fresh name: nobody else holds it
-        # the umask, read without changing it (os.umask would, for every thread): 0o777 masked, minus x bits
-        file_mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o666
-        yield tmp, file_mode
-    finally:
-        try:
-            _remove_tree_or_file(tmp)  # still locked: no cleaner races us
-        finally:
-            os.close(fd)
+        return tmp, os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except BaseException:
+        os.rmdir(tmp)
+        raise
 
 
 def fsync_path(path: Path) -> None:
