@@ -34,9 +34,21 @@ def shard_of(distributed: bool | None) -> tuple[int, int] | None:
             raise ValueError("distributed=True needs a process group: run under torchrun, or call "
                              "torch.distributed.init_process_group first")
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # the group we opened is closed at exit: a gloo group left to the interpreter's teardown
+        # aborts the process now and then ("terminate called without an active exception")
+        import atexit
+
+        atexit.register(_close_group)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     return dist.get_rank(), dist.get_world_size()
+
+
+def _close_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def sharded(data, max_batches: int | None, shard: tuple[int, int] | None):
