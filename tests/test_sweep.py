@@ -203,3 +203,24 @@ def test_mixtures_that_do_not_fit_together_run_in_blocks(kind):
         evaluate_mixtures(arch, params, W, data, opts.replace(max_memory=one - 1))
     with pytest.raises(ValueError, match="max_memory must be"):
         evaluate_mixtures(arch, params, W, data, opts.replace(max_memory=0))
+
+
+def test_barrier_and_simplex_take_max_memory_and_keep_their_numbers():
+    """The public `max_memory`: a budget for about two mixtures splits the sweep into blocks,
+    with the same numbers as one block (float64); a budget below one mixture is refused."""
+    import lmc_fast as lf
+    from lmc_fast.sweep import checks
+    from lmc_fast.sweep.batched import token_budget
+    from lmc_fast.sweep.interpolate import models_params
+
+    a, b = make_model("vit", seed=5), make_model("vit", seed=6)
+    data = classification_data("vit")
+    arch, params = models_params([a, b], "canonical")
+    two = checks.fused_sweep_bytes(arch, params[0], 2, 2, torch.float64, token_budget(64, "cpu"))
+    whole = lf.barrier(a, b, data, 6, max_tokens=64)
+    small = lf.barrier(a, b, data, 6, max_tokens=64, max_memory=two + 10)
+    assert small.loss == pytest.approx(whole.loss, rel=1e-12, abs=1e-12)
+    assert lf.simplex([a, b], data, n=3, max_tokens=64, max_memory=two + 10)["centroid"]["loss"] == pytest.approx(
+        lf.simplex([a, b], data, n=3, max_tokens=64)["centroid"]["loss"], rel=1e-12)
+    with pytest.raises(ValueError, match="even one mixture does not fit"):
+        lf.barrier(a, b, data, 6, max_tokens=64, max_memory=1000)

@@ -96,7 +96,8 @@ def public_engine(engine: str) -> str:
 def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", engine: str = "fused",
             max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
             max_tokens: int | None = None, kernel="auto", tf32: bool | None = None,
-            progress: bool = False, distributed: bool | None = None) -> BarrierResult:
+            progress: bool = False, distributed: bool | None = None,
+            max_memory: int | None = None) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
 
     `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
@@ -111,11 +112,14 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     `distributed=True`, the fused engine evaluates each rank's share of the batches and
     all-reduces the metric sums: every rank returns the whole result (`sweep/shard.py`);
     `distributed=False` keeps the sweep local (the loop engine always is). Call it on every rank.
+    `max_memory` (bytes; None: the device's free memory) bounds the fused engine's plan: the
+    lambdas are evaluated in blocks whose stacked parameters and activations fit in it.
     """
     p0 = next(model_a.parameters())
     options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
                           chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
-                          distributed=distributed if engine == "fused" else False, progress=progress, desc="sweep")
+                          distributed=distributed if engine == "fused" else False, progress=progress, desc="sweep",
+                          max_memory=max_memory)
     return barrier_with(model_a, model_b, data, lambdas, space, options)
 
 
