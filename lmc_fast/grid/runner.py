@@ -1,7 +1,8 @@
 """Running a grid: every (pair, method) unit once, resumable, split across torchrun's ranks.
 
 Each finished unit is one JSON file, OUT/units/<key>.json, written atomically by the rank that
-computed it; each alignment is OUT/alignments/<key>.safetensors. A unit whose file exists is
+computed it; each alignment is OUT/alignments/<key>.safetensors; a unit's sweep records its
+progress in OUT/sweeps/<key>/ (removed once the unit is stored), so a killed sweep resumes too. A unit whose file exists is
 not run again (unless resume=False), so a run killed at any moment continues where it stopped.
 When every rank is done, rank 0 rebuilds results.jsonl (unit order), the summaries and plots
 from the unit files.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -171,8 +173,14 @@ class Runner:
         # distributed=False: the ranks run different units, so no sweep may wait for the others;
         # max_memory None: the device's free memory, the mixtures split into blocks that fit
         plan: dict = {}
+        # the sweep records its progress under sweeps/<unit key>/ (resume.py): a killed unit's sweep
+        # continues from its last record; a fresh run (resume=False) starts it afresh
+        sweep_dir = sweep_path(self.out, unit)
+        if not self.resume:
+            shutil.rmtree(sweep_dir, ignore_errors=True)
         res = barrier_with(a, b, batches, list(self.spec.lambdas), m.space,
-                           EvalOptions(device=self.group.device, distributed=False, report=plan))
+                           EvalOptions(device=self.group.device, distributed=False, report=plan,
+                                       checkpoint=sweep_dir))
         seconds["sweep"] = time.perf_counter() - t0
         mid = res.at(0.5)
         record = {"unit": unit.index, "key": unit.key, "pair": list(unit.pair), "a": self.paths[i],
@@ -214,6 +222,11 @@ def _peak_memory(on_cuda: bool, device, plan: dict) -> dict:
 
 def _unit_path(out: Path, unit: Unit) -> Path:
     return out / "units" / f"{unit.key}.json"
+
+
+def sweep_path(out: Path, unit: Unit) -> Path:
+    """The folder of the unit's sweep records (removed once the unit is stored)."""
+    return out / "sweeps" / unit.key
 
 
 def _profiled(fn, folder: Path, unit: Unit):
@@ -269,6 +282,7 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
             else:
                 record = compute()
             write_json(_unit_path(out, unit), record)
+            shutil.rmtree(sweep_path(out, unit), ignore_errors=True)  # the unit is stored: its records are done
             s = record["seconds"]
             rank_say(f"[{n + 1}/{len(mine)}] pair {tuple(unit.pair)} {unit.method}: barrier {record['barrier']:.4f}, "
                      f"acc at 0.5 {record['acc_mid']:.3f} (solve {s['solve']:.1f} s, sweep {s['sweep']:.1f} s)")

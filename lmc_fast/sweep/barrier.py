@@ -97,7 +97,7 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
             max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
             max_tokens: int | None = None, kernel="auto", tf32: bool | None = None,
             progress: bool = False, distributed: bool | None = None,
-            max_memory: int | None = None) -> BarrierResult:
+            max_memory: int | None = None, checkpoint=None, checkpoint_every: int = 16) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
 
     `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
@@ -114,12 +114,17 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     `distributed=False` keeps the sweep local (the loop engine always is). Call it on every rank.
     `max_memory` (bytes; None: the device's free memory) bounds the fused engine's plan: the
     lambdas are evaluated in blocks whose stacked parameters and activations fit in it.
+    `checkpoint`, a folder (fused engine): each block of lambdas records its metric sums there
+    every `checkpoint_every` batches and at its end; the same call after an interruption (even
+    SIGKILL) resumes from them and returns the numbers of an uninterrupted run. Records are named
+    by a hash of the models, lambdas and settings, and the data are checked as they are read:
+    a record made for other inputs is recomputed, never trusted (`sweep/resume.py`).
     """
     p0 = next(model_a.parameters())
     options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
                           chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
                           distributed=distributed if engine == "fused" else False, progress=progress, desc="sweep",
-                          max_memory=max_memory)
+                          max_memory=max_memory, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     return barrier_with(model_a, model_b, data, lambdas, space, options)
 
 

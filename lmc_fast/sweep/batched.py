@@ -8,12 +8,14 @@ Unit of work = (block of mixtures, data shard), so sharding across processes dro
 from __future__ import annotations
 
 import numbers
+from pathlib import Path
 
 import torch
 
 from . import functional as Fn
 from .checks import check_batch, plan_mixture_blocks, spec_from_params
 from .metrics import MetricSums
+from .resume import BlockCheckpoint, block_key, check_every, params_fingerprint, run_block
 from .shard import reduce_sums, sharded
 
 
@@ -71,7 +73,7 @@ def check_weight_matrix(W: torch.Tensor, n_models: int) -> None:
 def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, progress=None,
                      dtype=torch.float32, device="cpu", chunk: int = 32, max_tokens: int | None = None,
                      fewer: str = "fewer lambdas", input_spec=None, shard=None, max_memory: int | None = None,
-                     report: dict | None = None) -> list[dict]:
+                     report: dict | None = None, checkpoint=None, checkpoint_every: int = 16) -> list[dict]:
     """One metrics dict per row of `weights` (K, N). Each data batch is embedded once per end
     model; the mixtures then go through the forward pass in blocks sized by `pass_plan`
     (at most `chunk` mixtures and about `max_tokens` tokens a pass; default per device).
@@ -82,7 +84,8 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
     Every batch is checked against `input_spec`
     (`checks.spec_from_model` of an end model: exact image shapes) or, without one, against
     what the parameters tell. `shard` = (rank, world): this rank's batches only, the sums then
-    all-reduced (`shard.py`)."""
+    all-reduced (`shard.py`). `checkpoint`, a folder: each block records its sums every
+    `checkpoint_every` batches and at its end, and a re-run resumes from them (`resume.py`)."""
     W = torch.as_tensor(weights, dtype=torch.float64)
     check_weight_matrix(W, len(params_list))
     K, N = W.shape
@@ -99,21 +102,38 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
     names = Fn.embedding_names(arch)
     ends = Fn.stack([{k: p[k].to(device=device, dtype=dtype) for k in names} for p in params_list])
     sums = [None] * K
+    if checkpoint is not None:
+        check_every(checkpoint_every)
+        Path(checkpoint).mkdir(parents=True, exist_ok=True)
+        fingerprint = params_fingerprint(params_list)
     for b0 in starts:  # one block (all K mixtures, unless memory says otherwise) at a time
         idx = list(range(b0, min(b0 + block, K)))
-        _evaluate_block(arch, params_list, W[idx], idx, ends, data, sums, spec, dtype, device, chunk, budget,
-                        max_batches, shard, progress, 1 / len(starts) if len(starts) > 1 else 1)
+        record = None
+        if checkpoint is not None:  # named by everything but the data, which are checked as they are read
+            key = block_key(fingerprint, W[idx], engine="batched", dtype=dtype, device=device.type, max_tokens=budget,
+                            chunk=chunk, max_batches=max_batches, shard=shard, input_spec=spec)
+            record = BlockCheckpoint(checkpoint, key, checkpoint_every, sums, idx)
+        run_block(lambda rec: _evaluate_block(arch, params_list, W[idx], idx, ends, data, sums, spec, dtype, device,
+                                              chunk, budget, max_batches, shard, progress,
+                                              1 / len(starts) if len(starts) > 1 else 1, rec), record)
     return results(reduce_sums(sums, shard))
 
 
 def _evaluate_block(arch, params_list, W, idx, ends, data, sums, spec, dtype, device, chunk, budget, max_batches,
-                    shard, progress, step) -> None:
-    """Add the metrics of the mixtures `idx` (weights W) over the data to `sums`."""
+                    shard, progress, step, record=None) -> None:
+    """Add the metrics of the mixtures `idx` (weights W) over the data to `sums`; with a
+    `record` (resume.BlockCheckpoint), skip the batches it covers and record as it goes."""
     K = len(idx)
-    # mixing in float64 per tensor, then one cast: the same parameters the loop loads
-    mixed = mix_params(params_list, W, dtype, device)
-    Wd = W.to(device=device, dtype=dtype)
+    mixed = Wd = None  # mixed on the first batch evaluated: a finished block never mixes
     for x, y in sharded(data, max_batches, shard):
+        if record is not None and not record.take(x, y):
+            if progress is not None:
+                progress.update(step)
+            continue
+        if mixed is None:
+            # mixing in float64 per tensor, then one cast: the same parameters the loop loads
+            mixed = mix_params(params_list, W, dtype, device)
+            Wd = W.to(device=device, dtype=dtype)
         check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
@@ -126,8 +146,12 @@ def _evaluate_block(arch, params_list, W, idx, ends, data, sums, spec, dtype, de
                 p = {name: t[k0:k1] for name, t in mixed.items()}
                 h = torch.einsum("kn,n...->k...", Wd[k0:k1], es)
                 accumulate(sums, idx[k0:k1], Fn.head(arch, p, Fn.blocks(arch, p, h)), ys)
+        if record is not None:
+            record.evaluated()
         if progress is not None:
             progress.update(step)
+    if record is not None:
+        record.finish()
 
 
 def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor):

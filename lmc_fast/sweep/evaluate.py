@@ -47,6 +47,9 @@ class EvalOptions:
     max_memory: int | None = None  # bytes a sweep may use (None: the device's free memory); more mixtures
     #                                than fit are evaluated in blocks that do (checks.plan_mixture_blocks)
     report: dict | None = None  # receives the memory plan: planned_bytes, mixtures_per_block, blocks
+    checkpoint: object = None  # a folder (str | Path): each block of mixtures records its sums there and a
+    #                            re-run resumes from them (resume.py; the batched engine only)
+    checkpoint_every: int = 16  # batches between two records of a block (and one at its end)
 
     def replace(self, **changes) -> "EvalOptions":
         return replace(self, **changes)
@@ -93,8 +96,15 @@ def engine_for(options: EvalOptions, n_models: int) -> str:
     if options.engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {options.engine!r}")
     if options.engine == "per_point":
+        if options.checkpoint is not None:
+            raise ValueError("checkpoint= (resuming a sweep) needs the fused engine, not the per-point loop")
         return "per_point"
     device = torch.device("cpu" if options.device is None else options.device)
+    if options.checkpoint is not None:  # only the batched engine records its blocks
+        if options.kernel in (True, "on"):
+            raise ValueError("checkpoint= (resuming a sweep) needs kernel='auto' or False: the lerp_matmul "
+                             "engine does not record its progress")
+        return "batched"
     return "lerp_kernel" if use_kernel(options.kernel, device, n_models) else "batched"
 
 
@@ -103,6 +113,7 @@ def evaluate_mixtures(arch, params_list, weights, data, options: EvalOptions = E
     """One metrics dict per row of `weights` (K, N) for the N models' parameters `params_list`
     (standard names); `template`: a model of the architecture, needed by the per-point engine."""
     if options.engine == "per_point":
+        engine_for(options, len(params_list))  # refuses a checkpoint
         if template is None:
             raise ValueError("the per-point engine needs template= (a model to load each mixture into)")
         bar = progress_bar(options.progress, "per_point", len(weights), data, options.max_batches, options.desc)
@@ -125,7 +136,9 @@ def evaluate_mixtures(arch, params_list, weights, data, options: EvalOptions = E
                        dtype=options.dtype or torch.float32, device=torch.device(options.device or "cpu"),
                        chunk=options.chunk, max_tokens=options.max_tokens, fewer=options.fewer,
                        input_spec=options.input_spec, shard=shard, max_memory=options.max_memory,
-                       report=options.report)
+                       report=options.report,
+                       **({} if engine == "lerp_kernel" else {"checkpoint": options.checkpoint,
+                                                            "checkpoint_every": options.checkpoint_every}))
     finally:
         if bar is not None:
             bar.close()

@@ -43,13 +43,14 @@ def dirichlet(n: int, n_models: int, alpha: float, seed: int) -> torch.Tensor:
 def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, space: str = "canonical",
             engine: str = "fused", max_batches: int | None = None, chunk: int = 32,
             max_tokens: int | None = None, progress: bool = False, distributed: bool | None = None,
-            max_memory: int | None = None) -> dict:
+            max_memory: int | None = None, checkpoint=None, checkpoint_every: int = 16) -> dict:
     """Evaluate the centroid, every model, and `n` Dirichlet(alpha) mixtures. "excess" is a
     point's loss minus the same mixture of the models' own losses; the worst sample is the
     one with the largest excess. `progress=True` shows a bar over points (loop engine) or
     batches (fused engine). `distributed`: as in `barrier` (the fused engine shards the batches
-    across an initialised group's ranks and all-reduces the sums); `max_memory` as in `barrier`.
-    JSON-ready."""
+    across an initialised group's ranks and all-reduces the sums); `max_memory` as in `barrier`;
+    `checkpoint` / `checkpoint_every` as in `barrier` (a folder the sweep records its progress in
+    and resumes from). JSON-ready."""
     if len(models) < 2:
         raise ValueError("simplex needs at least two models")
     alpha, n = check_alpha(alpha), check_samples(n)
@@ -64,7 +65,8 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
     options = EvalOptions(engine=name, dtype=p0.dtype, device=p0.device, chunk=chunk, max_tokens=max_tokens,
                           max_batches=max_batches, input_spec=spec_from_model(models[0]),
                           distributed=distributed if engine == "fused" else False, progress=progress,
-                          desc="simplex", fewer="fewer samples", max_memory=max_memory)
+                          desc="simplex", fewer="fewer samples", max_memory=max_memory, checkpoint=checkpoint,
+                          checkpoint_every=checkpoint_every)
     # the per-point engine takes the weights as lists (the loop's own float64 arithmetic)
     res = evaluate_mixtures(arch, params, weights.tolist() if engine == "loop" else weights, data, options,
                             template=models[0])
