@@ -1,11 +1,13 @@
-"""PNG figures (matplotlib, Agg backend): interpolation curves and simplex heat-maps.
+"""PNG figures (matplotlib, Agg backend): interpolation curves, simplex heat-maps, calibration.
 
-    from lmc_fast.plots import plot_curves, plot_simplex
+    from lmc_fast.plots import plot_calibration, plot_curves, plot_simplex
     plot_curves({"none": res_raw, "weight": res_weight}, "curves.png")   # BarrierResult or its dict
     plot_simplex(lf.simplex([m0, m1, m2], data), "simplex.png")
+    plot_calibration({"weight": res_weight}, "calibration.png")         # ECE + reliability diagrams
     overlay_curves([("none", json.load(open("none.json"))), ("w", json.load(open("w.json")))], "both.png")
 
-Result JSONs are validated before anything is drawn (`result_curves`, `result_simplex`):
+Result JSONs are validated before anything is drawn (`result_curves`, `result_simplex`,
+`result_calibration`):
 a file that is not a result raises ValueError naming what is wrong. Every figure is written atomically (temporary file next to the target, then renamed).
 """
 from __future__ import annotations
@@ -268,3 +270,130 @@ def overlay_curves(named_results, path, title: str | None = None) -> Path:
         for name, c in curves.items():
             merged[f"{name} ({label})" if repeated else name] = c
     return plot_curves(merged, path, title=title)
+
+
+# ---------------------------------------------------------------- calibration
+#: the lambdas whose reliability diagrams `plot_calibration` draws (each at the nearest grid point)
+CALIBRATION_LAMBDAS = (0.0, 0.5, 1.0)
+
+
+def _check_reliability(name: str, c: dict) -> None:
+    """`c` (a validated curve) carries 'ece' and a well-formed 'reliability' per lambda."""
+    n = len(c["lambdas"])
+    rel = c.get("reliability")
+    if rel is None or c.get("ece") is None:
+        raise ValueError(f"curve {name!r} has no calibration data ('ece' and 'reliability' per lambda): "
+                         "the result predates it; re-run the sweep to record it")
+    if not _numbers(c["ece"], n, gaps=True):
+        raise ValueError(f"curve {name!r}: 'ece' must be a list of {n} numbers")
+    if not isinstance(rel, list) or len(rel) != n:
+        raise ValueError(f"curve {name!r}: 'reliability' must list one diagram per lambda ({n})")
+    for i, d in enumerate(rel):
+        bins = len(d.get("n") or []) if isinstance(d, dict) else 0
+        if (not bins or not _numbers(d["n"]) or any(v < 0 for v in d["n"])
+                or not _numbers(d.get("conf"), bins, gaps=True) or not _numbers(d.get("acc"), bins, gaps=True)):
+            raise ValueError(f"curve {name!r}: reliability {i} needs 'conf', 'acc' and 'n' "
+                             "(lists of one number per bin, counts >= 0)")
+
+
+def result_calibration(result: dict) -> dict:
+    """The barrier curves of a result JSON that carry calibration data, validated (ValueError
+    when there are no curves or one lacks 'ece' / 'reliability')."""
+    curves = result_curves(result)
+    if not curves:
+        raise ValueError("no barrier curves, so no calibration to plot (only sweep and demo results have them)")
+    for name, c in curves.items():
+        _check_reliability(name, c)
+    return curves
+
+
+def _nearest(lams, target: float) -> int:
+    return min(range(len(lams)), key=lambda j: (abs(lams[j] - target), j))
+
+
+def plot_calibration(results, path, title: str | None = None, dpi: int = 120) -> Path:
+    """Calibration along the path for one or several results (a dict name -> result, or one
+    result; BarrierResult or its dict): ECE against lambda (left), and reliability diagrams
+    (accuracy against mean confidence per bin, the diagonal being perfect calibration; marker
+    area by the bin's share of the examples) at lambda 0, 0.5 and 1, each at the nearest grid
+    point, which the panel names when it differs."""
+    plt = _plt()
+    if not isinstance(results, dict) or "lambdas" in results:
+        results = {"path": results}
+    results = {name: _as_dict(r) for name, r in results.items()}
+    if not results:
+        raise ValueError("plot_calibration needs at least one result")
+    for name, c in results.items():
+        _check_curve(name, c)
+        _check_reliability(name, c)
+    fig, axes = plt.subplots(1, 1 + len(CALIBRATION_LAMBDAS), figsize=(17, 4.4), dpi=dpi, squeeze=False,
+                             gridspec_kw={"width_ratios": [1.5] + [1] * len(CALIBRATION_LAMBDAS)})
+    ax_ece, rel_axes = axes[0][0], axes[0][1:]
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^vP*X"
+    used = set()
+    chosen = [set() for _ in CALIBRATION_LAMBDAS]
+    for i, (name, r) in enumerate(results.items()):
+        lams = r["lambdas"]
+        colour = _colour(name, i, palette, used)
+        marker = markers[i % len(markers)]
+        ax_ece.plot(lams, [100 * e for e in _floats(r["ece"])], "-", marker=marker, color=colour, ms=3, lw=1.6,
+                    label=name)
+        for k, (target, ax) in enumerate(zip(CALIBRATION_LAMBDAS, rel_axes)):
+            j = _nearest(lams, target)
+            chosen[k].add(lams[j])
+            d = r["reliability"][j]
+            total = sum(d["n"]) or 1
+            pts = [(c, a, n) for c, a, n in zip(d["conf"], d["acc"], d["n"]) if c is not None and a is not None and n]
+            ece = r["ece"][j]
+            label = f"{name}: ECE {100 * ece:.1f}%" if _is_number(ece) else name
+            if len(results) > 1 and len({r2["lambdas"][_nearest(r2["lambdas"], target)] for r2 in results.values()}) > 1:
+                label += f" (λ={lams[j]:.3g})"
+            if pts:
+                cs, accs, ns = zip(*pts)
+                ax.plot(cs, accs, "-", color=colour, lw=0.8, alpha=0.6)
+                ax.scatter(cs, accs, s=[12 + 400 * n / total for n in ns], marker=marker,
+                           color=colour, alpha=0.75, edgecolors="k", linewidths=0.4, zorder=3)
+            ax.plot([], [], marker, color=colour, mec="k", mew=0.4, label=label if pts else label + " (no examples)")
+    ax_ece.set_xlabel(r"$\lambda$  (model A at 0, model B at 1)")
+    ax_ece.set_ylabel("ECE (%, 15 bins)")
+    ax_ece.set_title("expected calibration error along the path")
+    ax_ece.grid(alpha=0.3)
+    ax_ece.legend(fontsize=8)
+    for target, ax, got in zip(CALIBRATION_LAMBDAS, rel_axes, chosen):
+        ax.plot([0, 1], [0, 1], "k--", lw=1, alpha=0.6, label="perfect calibration")
+        at = sorted(got)
+        if at == [target]:
+            ax.set_title(f"reliability at λ = {target:g}")
+        else:
+            ax.set_title(f"reliability at λ ≈ {target:g} (nearest grid point: {', '.join(f'{v:.3g}' for v in at)})",
+                         fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("mean confidence in bin")
+        ax.set_ylabel("accuracy in bin")
+        ax.set_aspect("equal")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.text(0.99, 0.005, "marker area: share of the examples in the bin", ha="right", fontsize=7, alpha=0.7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def calibration_results(named_results) -> dict:
+    """name -> curve of every curve of several result JSONs ((label, result) pairs), each with
+    calibration data; named "<curve> (<label>)" when curve names repeat across files."""
+    per_file = []
+    for label, result in named_results:
+        try:
+            per_file.append((label, result_calibration(result)))
+        except ValueError as exc:
+            raise ValueError(f"{label}: {exc}") from None
+    names = [name for _, curves in per_file for name in curves]
+    repeated = len(set(names)) != len(names)
+    return {f"{name} ({label})" if repeated else name: c for label, curves in per_file for name, c in curves.items()}

@@ -255,6 +255,10 @@ def test_barrier_and_simplex_sharded_over_two_gloo_ranks(models, tmp_path):
     for r2 in ranks:  # every rank returns the whole result
         for key in ("loss", "acc", "ece", "signed"):
             assert r2["barrier"][key] == pytest.approx(r1["barrier"][key], rel=1e-6, abs=1e-12)
+        for d1, d2 in zip(r1["barrier"]["reliability"], r2["barrier"]["reliability"]):  # bins all-reduced
+            assert d2["n"] == d1["n"] and [c is None for c in d2["conf"]] == [c is None for c in d1["conf"]]
+            for key in ("conf", "acc"):
+                assert [v or 0.0 for v in d2[key]] == pytest.approx([v or 0.0 for v in d1[key]], rel=1e-6, abs=1e-12)
         for p1, p2 in zip(r1["simplex"]["samples"] + r1["simplex"]["models"],
                           r2["simplex"]["samples"] + r2["simplex"]["models"]):
             assert p2["loss"] == pytest.approx(p1["loss"], rel=1e-6)

@@ -14,7 +14,12 @@ def register(subparsers, parents):
     pl = add_command(subparsers, "plot", "PNG from result JSONs (sweep, demo or merge); several sweeps are overlaid", ())
     pl.add_argument("results", nargs="+", metavar="RESULT", help="result JSON file(s)")
     pl.add_argument("--out", default=None,
-                    help="PNG path (default: the JSON's name with .png; required for several results)")
+                    help="PNG path (default: the JSON's name with .png, or with _calibration.png under "
+                         "--calibration; required for several results)")
+    pl.add_argument("--calibration", action="store_true",
+                    help="draw the calibration view instead of the curves: ECE along the path and reliability "
+                         "diagrams at lambda 0, 0.5, 1 (nearest grid points); several results are overlaid "
+                         "(default: off)")
     pl.add_argument("--title", default=None, help="figure title (default: none)")
     pl.add_argument("-q", "--quiet", action="store_true", help="print nothing but the written paths")
 
@@ -40,6 +45,8 @@ def run(args, con: Console) -> int:
     paths = [Path(p) for p in args.results]
     if len(paths) > 1 and not args.out:
         raise CLIError("--out is required when plotting several results (they are overlaid in one figure)")
+    if args.calibration:
+        return _run_calibration(args, paths, con)
     out = Path(args.out) if args.out else paths[0].with_suffix(".png")
     results = [_read_result(p) for p in paths]
     for path, result in zip(paths, results):
@@ -73,3 +80,22 @@ def _labels(paths) -> list[str]:
     """Short distinct labels for overlaid files: their stems, or their paths when stems repeat."""
     stems = [p.stem for p in paths]
     return stems if len(set(stems)) == len(stems) else [str(p) for p in paths]
+
+
+def _run_calibration(args, paths, con: Console) -> int:
+    """`plot --calibration`: one figure, ECE curves and reliability diagrams of every result's curves."""
+    from ..plots import calibration_results, plot_calibration, result_calibration
+
+    out = Path(args.out) if args.out else paths[0].with_name(paths[0].stem + "_calibration.png")
+    results = [_read_result(p) for p in paths]
+    for path, result in zip(paths, results):
+        try:
+            result_calibration(result)
+        except ValueError as exc:
+            raise CLIError(f"{path}: {one_line(exc)}") from None
+    outputs = Outputs(paths)
+    outputs.file("--out", out)
+    outputs.check()
+    curves = calibration_results(list(zip(_labels(paths), results)))
+    con.out(f"plot -> {plot_calibration(curves, out, title=args.title)}")
+    return 0

@@ -44,6 +44,9 @@ class BarrierResult:
     space: str = "canonical"
     engine: str = "loop"
     seconds: float = 0.0
+    # per lambda the reliability diagram of the ECE bins: {"conf", "acc", "n"} (15 bins each;
+    # conf/acc None for an empty bin); None for results made before it was recorded
+    reliability: list[dict] | None = None
 
     @property
     def loss_barrier(self) -> float:
@@ -160,4 +163,5 @@ def barrier_result(lams: list[float], by_lam: dict, space: str, engine: str, sec
         loss_a=ra["loss"], loss_b=rb["loss"], acc_a=ra["acc"], acc_b=rb["acc"],
         barrier=max(signed), acc_barrier=max(acc_drop), signed=signed, signed_min=min(signed),
         signed_max=max(signed), space=space, engine=engine, seconds=seconds,
+        reliability=[r["reliability"] for r in rows] if all("reliability" in r for r in rows) else None,
     )

@@ -81,7 +81,12 @@ class MetricSums:
             raise ValueError(f"no data: every target of the {self.batches} batch(es) is the ignore index {IGNORE_INDEX}")
         loss = self.loss / self.n
         ece = ((self.bin_conf - self.bin_acc).abs().sum() / self.n).item()
-        out = {"loss": loss, "acc": self.correct / self.n, "ece": ece}
+        # the reliability diagram of the ECE bins (JSON-ready): per bin the mean confidence and
+        # accuracy (None for an empty bin) and the count of kept targets
+        counts = [int(round(float(c))) for c in self.bin_n]
+        reliability = {"conf": [float(s) / c if c else None for s, c in zip(self.bin_conf, counts)],
+                       "acc": [float(s) / c if c else None for s, c in zip(self.bin_acc, counts)], "n": counts}
+        out = {"loss": loss, "acc": self.correct / self.n, "ece": ece, "reliability": reliability}
         if self.is_lm:
             out["ppl"] = math.exp(min(loss, 700.0))
         return out
