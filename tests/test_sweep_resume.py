@@ -202,3 +202,33 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path, embeds):
     resumed = evaluate_mixtures(arch, params, W, data, options(folder, checkpoint_every=5))
     assert embeds[0] == 120 - done
     same(resumed, evaluate_mixtures(arch, params, W, data, options()))
+
+
+def test_grid_unit_killed_mid_sweep_resumes_its_sweep(tmp_path, monkeypatch, embeds):
+    """The grid sweeps each unit under sweeps/<unit key>/: a unit killed mid-sweep continues from
+    its last record (16 batches) and ends with the uninterrupted numbers; the folder goes once stored."""
+    import lmc_fast.grid as grid
+    from lmc_fast.io import save_model
+    from lmc_fast.models import ViT, ViTConfig
+
+    paths = []
+    for seed in range(2):  # untrained tiny ViTs: the sweep, not the models, is under test
+        torch.manual_seed(seed)
+        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), tmp_path / f"m{seed}")
+        paths.append(str(tmp_path / f"m{seed}"))
+    spec = {"data": {"spec": "digits", "max_batches": 20, "batch_size": 8}, "models": {"paths": paths},
+            "grid": {"pairs": "all", "methods": ["none"], "lambdas": 3}, "methods": {}}
+    whole = grid.run(spec, tmp_path / "whole", quiet=True)["records"]
+    out = tmp_path / "killed"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 3 * 18)  # 3 lambdas; records after 16 batches, killed in batch 19
+        with pytest.raises(KeyboardInterrupt):
+            grid.run(spec, out, quiet=True)
+    (record,) = (out / "sweeps").glob("*/*.json")
+    assert json.loads(record.read_text())["batches"] == 16
+    embeds[0] = 0
+    resumed = grid.run(spec, out, quiet=True)["records"]
+    assert embeds[0] == 20 - 16
+    assert resumed[0]["barrier"] == whole[0]["barrier"]
+    assert resumed[0]["curve"]["loss"] == whole[0]["curve"]["loss"]
+    assert not list((out / "sweeps").iterdir())
