@@ -1,6 +1,6 @@
 """The pre-LN Transformer block shared by the reference ViT and GPT-2.
 
-State-dict names read like the math of DESIGN section 1: `attn.q`, `attn.k`, `attn.v`,
+State-dict names read like the math of docs/ARCHITECTURE.md, section 1: `attn.q`, `attn.k`, `attn.v`,
 `attn.o`, `mlp.fc1`, `mlp.fc2`, `ln1`, `ln2`. Weights use nn.Linear's (out, in) layout.
 """
 from __future__ import annotations

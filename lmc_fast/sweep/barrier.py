@@ -1,4 +1,4 @@
-"""Loss / accuracy barriers along the linear path between two models (DESIGN section 3).
+"""Loss / accuracy barriers along the linear path between two models (docs/ARCHITECTURE.md, section 1).
 
 barrier = max_lam [ L(theta_lam) - ((1 - lam) L(theta_A) + lam L(theta_B)) ]
 

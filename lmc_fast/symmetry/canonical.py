@@ -1,4 +1,4 @@
-"""The canonical form (DESIGN section 1), computed in float64 on standard parameters.
+"""The canonical form (docs/ARCHITECTURE.md, section 1), computed in float64 on standard parameters.
 
 - each norm's scale is folded into its readers (W <- W diag(gamma)) and its shift into the
   readers' biases (b <- b + W beta); a reader without a bias (GPT-2's LM head) keeps the

@@ -102,7 +102,7 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
 
 
 def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
-    """Every symmetry of DESIGN section 1 on canonical parameters: residual orthogonal map
+    """Every symmetry of docs/ARCHITECTURE.md, section 1, on canonical parameters: residual orthogonal map
     (R 1 = 1 for LayerNorm), per-layer head permutation with per-head QK / VO maps, per-layer
     MLP permutation. Norm biases left by the canonical form (c = beta / gamma) rotate with R."""
     if head_map not in HEAD_MAPS:
