@@ -9,9 +9,14 @@ Variants of `weight_matching` (match/weight.py):
   per_tensor         weighting="per_tensor" (sum of per-tensor cosines)
   identity_start     init="identity" (no anchor start)
   per_tensor_identity both
+  sqrt               weighting="sqrt" (each term divided by sqrt(||A_p|| ||B_p||))
+  anchor_per_tensor  init="anchor_per_tensor" (anchor tensors counted equally in the start)
+  converged          tol=0, max_iter=200 (sweeps until the objective stops rising at all)
   best_of_4          the default plus 3 random-order restarts, keeping the highest objective
 Per pair it also records the unaligned barrier in raw and in canonical space (identity
-alignment) and, per variant, the objective, sweeps, and where on the path the barrier peaks.
+alignment); per variant the objective, sweeps, and where on the path the barrier peaks; for
+the 4 restarts each objective and barrier with their Spearman rank correlation; and for the
+default run the cosine of A with g.B per parameter group (embeddings, each block, head).
 
     nice -n 10 python bench/weight_matching_variants.py
 Writes bench/results/weight_matching_variants.json and prints per setting median [min, max].
@@ -42,6 +47,9 @@ VARIANTS = {
     "per_tensor": {"weighting": "per_tensor"},
     "identity_start": {"init": "identity"},
     "per_tensor_identity": {"weighting": "per_tensor", "init": "identity"},
+    "sqrt": {"weighting": "sqrt"},
+    "anchor_per_tensor": {"init": "anchor_per_tensor"},
+    "converged": {"tol": 0.0, "max_iter": 200},
 }
 RESTARTS = 4
 
@@ -67,10 +75,40 @@ def matched(spec, pa, pb, **kw):
     return Alignment(spec, elements, info), info
 
 
-def best_of_restarts(spec, pa, pb):
-    """The default run and RESTARTS - 1 random-order runs; the highest objective wins."""
-    runs = [matched(spec, pa, pb)] + [matched(spec, pa, pb, order="random", seed=s) for s in range(1, RESTARTS)]
-    return max(runs, key=lambda run: run[1]["objective"][-1])
+def restarts(spec, pa, pb):
+    """The default run and RESTARTS - 1 random-order runs."""
+    return [matched(spec, pa, pb)] + [matched(spec, pa, pb, order="random", seed=s) for s in range(1, RESTARTS)]
+
+
+def ranks(values):
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0] * len(values)
+    for rank, i in enumerate(order):
+        out[i] = rank
+    return out
+
+
+def spearman(x, y) -> float:
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def group_of(name: str) -> str:
+    """blocks.<l>, or the top-level module (embeddings, head, final norm)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def group_cosines(pa, gb) -> dict:
+    """Per parameter group: sum_p <A_p, (g.B)_p> / sum_p ||A_p|| ||B_p|| (1 = aligned exactly)."""
+    sums = {}
+    for n in pa:
+        inner, norms = sums.get(group_of(n), (0.0, 0.0))
+        sums[group_of(n)] = (inner + float((pa[n] * gb[n]).sum()), norms + float(pa[n].norm() * gb[n].norm()))
+    return {g: inner / norms for g, (inner, norms) in sums.items() if norms > 0}
 
 
 def pair_record(setting: str, cap: str, seeds, cache: Path, test, lambdas) -> dict:
@@ -80,11 +118,16 @@ def pair_record(setting: str, cap: str, seeds, cache: Path, test, lambdas) -> di
            "raw_identity": barrier_record(a, b, test, lambdas, "raw"),
            "canonical_identity": barrier_record(a, b, test, lambdas)}
     runs = {name: matched(spec, pa, pb, **kw) for name, kw in VARIANTS.items()}
-    runs["best_of_4"] = best_of_restarts(spec, pa, pb)
+    tries = restarts(spec, pa, pb)
+    runs["best_of_4"] = max(tries, key=lambda run: run[1]["objective"][-1])
     for name, (al, info) in runs.items():
         rec[name] = {**barrier_record(a, al.apply(b), test, lambdas), "objective": info["objective"][-1],
                      "objective_identity": info["objective_identity"], "iterations": info["iterations"],
                      "order": info["order"]}
+    objectives = [info["objective"][-1] for _, info in tries]
+    barriers = [lf.barrier(a, al.apply(b), test, lambdas).barrier for al, _ in tries]
+    rec["restarts"] = {"objective": objectives, "barrier": barriers, "spearman": spearman(objectives, barriers)}
+    rec["default_group_cosines"] = group_cosines(pa, runs["default"][0].apply_params(pb))
     return rec
 
 
@@ -96,6 +139,7 @@ def summary(records: list[dict]) -> dict:
         for name in ["raw_identity", "canonical_identity", *VARIANTS, "best_of_4"]:
             values = [r[name]["barrier"] for r in rows]
             out[setting][name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        out[setting]["restarts_spearman_median"] = statistics.median(r["restarts"]["spearman"] for r in rows)
     return out
 
 
@@ -113,7 +157,8 @@ def main():
                 records.append(pair_record(setting, cap, (2 * i, 2 * i + 1), Path(args.cache), test, lambdas))
                 r = records[-1]
                 print(setting, cap, r["seeds"], " ".join(f"{k}={r[k]['barrier']:.3f}" for k in r
-                                                         if isinstance(r[k], dict)), flush=True)
+                                                         if isinstance(r[k], dict) and "barrier" in r[k]
+                                                         and not isinstance(r[k]["barrier"], list)), flush=True)
     result = {"kind": "weight_matching_variants", "machine": cpu_model(), "torch": torch.__version__,
               "torch_threads": 1, "load_average": os.getloadavg(), "variants": {**VARIANTS, "best_of_4": {
                   "restarts": RESTARTS}}, "summary": summary(records), "records": records}
@@ -122,6 +167,9 @@ def main():
     out.write_text(json.dumps(result, indent=2) + "\n")
     for setting, rows in result["summary"].items():
         for name, s in rows.items():
+            if not isinstance(s, dict):
+                print(f"{setting:18s} {name}: {s:.2f}")
+                continue
             print(f"{setting:18s} {name:20s} {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]")
     print(f"-> {out}")
 

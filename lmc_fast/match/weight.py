@@ -142,7 +142,8 @@ def _max_change(spec: Spec, old: dict, new: dict) -> float:
     return out
 
 
-WEIGHTINGS = ("sum", "per_tensor")
+WEIGHTINGS = ("sum", "per_tensor", "sqrt")
+INITS = ("anchor", "anchor_per_tensor", "identity")
 
 
 def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
@@ -150,7 +151,8 @@ def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
 
     "sum": sum_p <A_p, g.B_p> (A unchanged): the largest tensors dominate, and on the ViT
     the embeddings that fix the residual basis weigh under 1% of it. "per_tensor": each term
-    divided by ||A_p|| ||B_p||, a sum of cosines where every tensor counts equally. The norms
+    divided by ||A_p|| ||B_p||, a sum of cosines where every tensor counts equally; "sqrt":
+    divided by sqrt(||A_p|| ||B_p||), halfway between the two on a log scale. The norms
     are taken once, at g = identity (orthogonal maps and permutations keep them), so the
     objective stays linear in g.B and every solver works on it unchanged."""
     if weighting not in WEIGHTINGS:
@@ -160,6 +162,7 @@ def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
     out = {}
     for n, a in pa.items():
         scale = a.norm() * pb[n].norm()
+        scale = scale.sqrt() if weighting == "sqrt" else scale
         out[n] = a / scale if scale > 0 else torch.zeros_like(a)  # a zero tensor adds nothing either way
     return out
 
@@ -175,20 +178,25 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
     less than `polish_tol`: the coupled rotations converge only linearly, and this makes a
     planted symmetry come back to ~1e-9 without paying for assignments. `order="random"` is
     Git Re-Basin's schedule (random group order every sweep), kept as the baseline.
-    `weighting` ("sum" | "per_tensor", see `weighted_reference`) weighs the parameters in the
-    objective; the reported objective is the weighted one.
+    `weighting` ("sum" | "per_tensor" | "sqrt", see `weighted_reference`) weighs the parameters
+    in the objective; the reported objective is the weighted one. `init`: "anchor" (the
+    residual solved on the anchor parameters first), "anchor_per_tensor" (the same with every
+    anchor tensor counted equally) or "identity".
     """
     if order not in ("structured", "random"):
         raise ValueError(f"order must be 'structured' or 'random', got {order!r}")
-    if init not in ("anchor", "identity"):
-        raise ValueError(f"init must be 'anchor' or 'identity', got {init!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    # "anchor_per_tensor": the anchor start with each anchor tensor counted equally (the
+    # ViT's embeddings otherwise weigh little next to its head), then the chosen objective
+    anchor_ref = weighted_reference(pa, pb, "per_tensor" if init == "anchor_per_tensor" else weighting)
     pa = weighted_reference(pa, pb, weighting)
     t0 = time.perf_counter()
     names = list(pa)
     elements = {n: identity(g, pa[g.axes[0].param].dtype) for n, g in spec.groups.items()}
     objective_identity = solve.objective(pa, pb, names)
-    if init == "anchor" and "residual" in spec.groups:
-        start = _anchor_residual(spec, pa, pb)
+    if init != "identity" and "residual" in spec.groups:
+        start = _anchor_residual(spec, anchor_ref, pb)
         if start is not None:
             elements["residual"] = start
     history = [solve.objective(pa, apply_spec(spec, pb, elements), names)]
