@@ -40,7 +40,8 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
       `learned_matching`: steps, lr, lam ("narrow" | "uniform" | "fixed" | a number),
       lambdas_per_step, target ("labels" | "endpoints"), temperature, augment (e.g.
       `lmc_fast.data.augment.Mixup(1.0)` with target="endpoints"), learn, head_map, init,
-      eval_every, patience, val_fraction, device.
+      eval_every, patience, val_fraction, device, checkpoint (a file: a killed run resumes exactly),
+      checkpoint_every.
 
     `weighting` ("sum" default | "per_tensor") weighs the parameters in the objective of
     "weight" and "permutation" (see match/weight.py `weighted_reference`).
