@@ -47,6 +47,19 @@ def _save(fig, path) -> Path:
     return path
 
 
+def _finish(fig, path, title: str | None) -> Path:
+    """Title, layout, atomic save; the figure is closed whatever happens."""
+    import matplotlib.pyplot as plt
+
+    try:
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path:
     """Loss and accuracy against lambda for one or several paths (a dict name -> result, or
     one result). Each method's chord between its end points is drawn dashed in its colour."""
@@ -84,13 +97,7 @@ def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path
         ax.set_ylabel("test accuracy (%)")
         ax.set_title("accuracy along the linear path")
         ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _finish(fig, path, title)
 
 
 def _colour(name: str, i: int, palette, used: set) -> str:
@@ -376,13 +383,7 @@ def plot_calibration(results, path, title: str | None = None, dpi: int = 120) ->
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.text(0.99, 0.005, "marker area: share of the examples in the bin", ha="right", fontsize=7, alpha=0.7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _finish(fig, path, title)
 
 
 def calibration_results(named_results) -> dict:
