@@ -49,8 +49,7 @@ def _save(fig, path) -> Path:
 
 def _finish(fig, path, title: str | None) -> Path:
     """Title, layout, atomic save; the figure is closed whatever happens."""
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     try:
         if title:
             fig.suptitle(title)
