@@ -214,7 +214,7 @@ def test_simplex_refuses_bad_sample_counts(n):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=rf"n \(the number of Dirichlet samples\) must be an int in \[1, .*\], got {n!r}"):
         lf.simplex(models, [batch("vit")], n=n)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 5.0  # refused before any work (generous: CI machines are shared)
 
 
 @pytest.mark.parametrize("weights,message", [
@@ -245,7 +245,7 @@ def test_barrier_refuses_bad_lambdas_at_once(lambdas, message):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=message):
         lf.barrier(tiny("vit", 1), tiny("vit", 2), [batch("vit")], lambdas)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 5.0  # refused before any work (generous: CI machines are shared)
 
 
 def test_lambda_grid_keeps_good_values():
@@ -306,7 +306,7 @@ def test_huge_configs_are_refused_before_allocating(make):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"describes about [0-9.e+]+ parameters, more than the limit of 2\*\*34"):
         make()
-    assert time.perf_counter() - t0 < 1.0  # no tensor of that size was ever asked for
+    assert time.perf_counter() - t0 < 5.0  # no tensor of that size was ever asked for (that takes minutes or OOM)
 
 
 def test_param_count_is_exact():
@@ -336,7 +336,7 @@ def test_sweep_refuses_what_memory_cannot_hold(sweep, monkeypatch):
             lf.barrier(*models, [batch("gpt2")], 25)
         else:
             lf.simplex(models, [batch("gpt2")], n=40)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 5.0  # refused before any work (generous: CI machines are shared)
 
 
 # ---------------------------------------------------------------- progress bars
