@@ -28,7 +28,7 @@ def params_pair(model_a, model_b, space: str, heads: bool = True):
 def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0, max_iter: int = 100,
           tol: float = 1e-4, order: str = "structured", max_batches: int | None = None,
           progress: bool = False, heads: bool | None = None, weighting: str | None = None,
-          **learned_kw) -> Alignment:
+          token_counts=None, **learned_kw) -> Alignment:
     """The alignment g with g . model_b as close to model_a as the method can make it.
 
     - "weight": generalized weight matching over every symmetry group (data-free);
@@ -44,7 +44,9 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
       checkpoint_every.
 
     `weighting` ("sum" default | "per_tensor") weighs the parameters in the objective of
-    "weight" and "permutation" (see match/weight.py `weighted_reference`).
+    "weight" and "permutation" (see match/weight.py `weighted_reference`). `token_counts`
+    (method "weight", language models): the token-frequency prior, a vocab-length counts vector
+    or (inputs, targets) batches whose input ids are counted (see match/weight.py `token_weights`).
 
     A model_b whose MLPs are narrower than model_a's (all else equal) is zero-padded first;
     apply the result to the narrow model_b as usual (`al.apply(model_b)` pads it too).
@@ -55,17 +57,19 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
         raise ValueError(f"heads is an option of method 'permutation', not {method!r}")
     if weighting is not None and method not in ("weight", "permutation"):
         raise ValueError(f"weighting is an option of methods 'weight' and 'permutation', not {method!r}")
+    if token_counts is not None and method != "weight":
+        raise ValueError(f"token_counts is an option of method 'weight', not {method!r}")
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}
     al = _match(model_a, model_b, method, data, seed=seed, max_iter=max_iter, tol=tol, order=order,
-                max_batches=max_batches, progress=progress, heads=heads, weighting=weighting or "sum", **learned_kw)
+                max_batches=max_batches, progress=progress, heads=heads, weighting=weighting or "sum", token_counts=token_counts, **learned_kw)
     al.info.update(fingerprints)
     return al
 
 
 def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_batches, progress, heads=None,
-           weighting="sum", **learned_kw):
+           weighting="sum", token_counts=None, **learned_kw):
     # A narrower MLP in B is zero-padded to A's width (function-preserving); the assignment
     # then leaves the zero units on A's unmatched units (models/resize.py).
     model_b = widen_mlp_to(adapter_for(model_a).arch(model_a), model_b)
@@ -84,7 +88,7 @@ def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_ba
         spec, pa, pb = params_pair(model_a, model_b, "canonical")
         bar = _progress(progress, "weight matching", max_iter)
         elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed,
-                                         weighting=weighting, progress=bar)
+                                         weighting=weighting, token_counts=token_counts, progress=bar)
     elif method == "activation":
         from .activation import activation_matching
 

@@ -146,7 +146,69 @@ WEIGHTINGS = ("sum", "per_tensor", "sqrt")
 INITS = ("anchor", "anchor_per_tensor", "identity")
 
 
-def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
+# parameters whose rows are indexed by token id (standard params): the token-frequency prior
+# weighs these rows. The head's rows count too: its targets follow the same token distribution.
+TOKEN_ROW_PARAMS = ("tok_embed.weight", "lm_head.weight")
+
+
+def _as_counts(token_counts, vocab: int) -> torch.Tensor:
+    """A counts vector as given, or the bincount of the input ids of (inputs, targets) batches."""
+    if isinstance(token_counts, torch.Tensor):
+        return token_counts
+    if hasattr(token_counts, "__array__"):  # numpy and the like
+        return torch.as_tensor(token_counts)
+    try:
+        batches = iter(token_counts)
+    except TypeError:
+        raise ValueError(f"token_counts must be a 1-D counts vector or (inputs, targets) batches, "
+                         f"got {type(token_counts).__name__}") from None
+    counts, seen = torch.zeros(vocab, dtype=torch.int64), False
+    for batch in batches:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)
+                and not batch[0].is_floating_point() and not batch[0].is_complex()):
+            raise ValueError("token_counts batches must be (inputs, targets) with integer token-id inputs")
+        ids = batch[0].reshape(-1).long().cpu()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(f"token_counts batches hold token ids outside [0, {vocab})")
+        counts += torch.bincount(ids, minlength=vocab)
+        seen = True
+    if not seen:
+        raise ValueError("token_counts batches are empty")
+    return counts
+
+
+def token_weights(token_counts, pa: dict) -> torch.Tensor:
+    """Per-token weights counts / mean(counts) (float64, mean 1) for the token-frequency prior.
+
+    Uniform counts give exactly 1 everywhere, i.e. the unweighted objective."""
+    if "tok_embed.weight" not in pa:
+        raise ValueError("token_counts needs a language model (no tok_embed.weight among its parameters)")
+    vocab = pa["tok_embed.weight"].shape[0]
+    counts = _as_counts(token_counts, vocab)
+    if counts.dim() != 1 or len(counts) != vocab:
+        raise ValueError(f"token_counts must be a 1-D vector of length vocab_size={vocab}, got shape "
+                         f"{tuple(counts.shape)}")
+    if counts.is_complex() or counts.dtype == torch.bool:
+        raise ValueError(f"token_counts must be real numbers, got {counts.dtype}")
+    counts = counts.to(torch.float64)
+    if not all_finite(counts) or bool((counts < 0).any()) or not bool((counts > 0).any()):
+        raise ValueError("token_counts must be finite, non-negative and not all zero")
+    if bool((counts == counts[0]).all()):
+        return torch.ones_like(counts)  # exactly the unweighted objective, free of rounding
+    return counts * (vocab / counts.sum())
+
+
+def _with_token_prior(pa: dict, weights: torch.Tensor) -> dict:
+    """A's token-indexed rows scaled by the token weights: <w * A_p, g.B_p> = sum_t w_t <A_t, (g.B)_t>,
+    still linear in g.B, so every solver works unchanged."""
+    out = dict(pa)
+    for n in TOKEN_ROW_PARAMS:
+        if n in pa and pa[n].shape[0] == len(weights):
+            out[n] = pa[n] * weights.to(pa[n].dtype)[:, None]
+    return out
+
+
+def weighted_reference(pa: dict, pb: dict, weighting: str, token_weights: torch.Tensor | None = None) -> dict:
     """A's parameters scaled so that sum_p <A'_p, g.B_p> is the chosen objective.
 
     "sum": sum_p <A_p, g.B_p> (A unchanged): the largest tensors dominate, and on the ViT
@@ -154,9 +216,12 @@ def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
     divided by ||A_p|| ||B_p||, a sum of cosines where every tensor counts equally; "sqrt":
     divided by sqrt(||A_p|| ||B_p||), halfway between the two on a log scale. The norms
     are taken once, at g = identity (orthogonal maps and permutations keep them), so the
-    objective stays linear in g.B and every solver works on it unchanged."""
+    objective stays linear in g.B and every solver works on it unchanged. `token_weights`
+    (see `token_weights`) then scale the rows of the token embedding and LM head."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if token_weights is not None:
+        return _with_token_prior(weighted_reference(pa, pb, weighting), token_weights)
     if weighting == "sum":
         return pa
     out = {}
@@ -169,7 +234,7 @@ def weighted_reference(pa: dict, pb: dict, weighting: str) -> dict:
 
 def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol: float = 1e-4,
                     order: str = "structured", seed: int = 0, init: str = "anchor", polish_iter: int = 10,
-                    polish_tol: float = 1e-9, weighting: str = "sum", progress=None):
+                    polish_tol: float = 1e-9, weighting: str = "sum", token_counts=None, progress=None):
     """Elements mapping B onto A, and info (objective per sweep, iterations, seconds).
 
     `pa`, `pb`: float64 parameters in the spec's space. Sweeps stop once the objective rises
@@ -181,7 +246,9 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
     `weighting` ("sum" | "per_tensor" | "sqrt", see `weighted_reference`) weighs the parameters
     in the objective; the reported objective is the weighted one. `init`: "anchor" (the
     residual solved on the anchor parameters first), "anchor_per_tensor" (the same with every
-    anchor tensor counted equally) or "identity".
+    anchor tensor counted equally) or "identity". `token_counts` (a vocab-length counts vector
+    or (inputs, targets) batches, see `token_weights`): the token-frequency prior, weighting the
+    token embedding's and LM head's rows by how often each token occurs (None: no prior).
     """
     if order not in ("structured", "random"):
         raise ValueError(f"order must be 'structured' or 'random', got {order!r}")
@@ -189,8 +256,9 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     # "anchor_per_tensor": the anchor start with each anchor tensor counted equally (the
     # ViT's embeddings otherwise weigh little next to its head), then the chosen objective
-    anchor_ref = weighted_reference(pa, pb, "per_tensor" if init == "anchor_per_tensor" else weighting)
-    pa = weighted_reference(pa, pb, weighting)
+    prior = token_weights(token_counts, pa) if token_counts is not None else None
+    anchor_ref = weighted_reference(pa, pb, "per_tensor" if init == "anchor_per_tensor" else weighting, prior)
+    pa = weighted_reference(pa, pb, weighting, prior)
     t0 = time.perf_counter()
     names = list(pa)
     elements = {n: identity(g, pa[g.axes[0].param].dtype) for n, g in spec.groups.items()}
@@ -233,7 +301,8 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
             and spec.groups["residual"].kind == "orthogonal"):
         polished, value = _polish(spec, pa, pb, elements, local, rest, polish_iter, polish_tol)
         history.append(value)
-    info = {"method": "weight", "order": order, "weighting": weighting, "init": init, "iterations": it, "polish_iterations": polished, "objective": history,
+    info = {"method": "weight", "order": order, "weighting": weighting, "init": init,
+            "token_prior": prior is not None, "iterations": it, "polish_iterations": polished, "objective": history,
             "objective_identity": objective_identity,
             "seconds": time.perf_counter() - t0}
     return elements, info
