@@ -59,15 +59,21 @@ def _finish(fig, path, title: str | None) -> Path:
         plt.close(fig)
 
 
-def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path:
-    """Loss and accuracy against lambda for one or several paths (a dict name -> result, or
-    one result). Each method's chord between its end points is drawn dashed in its colour."""
-    plt = _plt()
+def _named_results(results, who: str) -> dict:
+    """name -> result dict, from one result (BarrierResult or dict) or a dict of them."""
     if not isinstance(results, dict) or "lambdas" in results:
         results = {"path": results}
     results = {name: _as_dict(r) for name, r in results.items()}
     if not results:
-        raise ValueError("plot_curves needs at least one result")
+        raise ValueError(f"{who} needs at least one result")
+    return results
+
+
+def plot_curves(results, path, title: str | None = None, dpi: int = 120) -> Path:
+    """Loss and accuracy against lambda for one or several paths (a dict name -> result, or
+    one result). Each method's chord between its end points is drawn dashed in its colour."""
+    plt = _plt()
+    results = _named_results(results, "plot_curves")
     has_acc = any(r.get("acc") for r in results.values())
     fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(11 if has_acc else 6, 4.2), dpi=dpi, squeeze=False)
     ax_loss = axes[0][0]
@@ -324,11 +330,7 @@ def plot_calibration(results, path, title: str | None = None, dpi: int = 120) ->
     area by the bin's share of the examples) at lambda 0, 0.5 and 1, each at the nearest grid
     point, which the panel names when it differs."""
     plt = _plt()
-    if not isinstance(results, dict) or "lambdas" in results:
-        results = {"path": results}
-    results = {name: _as_dict(r) for name, r in results.items()}
-    if not results:
-        raise ValueError("plot_calibration needs at least one result")
+    results = _named_results(results, "plot_calibration")
     for name, c in results.items():
         _check_curve(name, c)
         _check_reliability(name, c)
