@@ -326,3 +326,61 @@ def test_killed_learned_unit_resumes_from_its_checkpoint(models, tmp_path, monke
         {k: v for k, v in whole[0]["curve"].items() if k not in drop}
     assert {k: v for k, v in resumed[0]["info"].items() if k not in drop} == \
         {k: v for k, v in whole[0]["info"].items() if k not in drop}
+
+
+def test_variants_and_simplex_groups(models, tmp_path):
+    """A variant is its own column running another method's options; a simplex group reuses the pair's
+    alignment of the same column and reports the centroid; both resume like pair units."""
+    spec = _spec(models, methods=["none", "weight", "weight-3"],
+                 options={"weight-3": {"method": "weight", "max_iter": 3}})
+    spec["grid"]["pairs"] = [[0, 1]]
+    spec["simplex"] = {"groups": [[0, 1, 2]], "methods": ["none", "weight"], "samples": 3}
+    out = tmp_path / "g"
+    first = grid.run(spec, out, quiet=True)
+    recs = first["records"]
+    assert [(r.get("kind", "pair"), r["method"]) for r in recs] == [
+        ("pair", "none"), ("pair", "weight"), ("pair", "weight-3"), ("simplex", "none"), ("simplex", "weight")]
+    weight, simplex_weight = recs[1], recs[4]
+    assert weight["alignment"] in simplex_weight["alignments"]  # the pair's 1 -> 0 alignment, reused
+    assert simplex_weight["alignment_reused"] == [True, False]
+    assert simplex_weight["models"] == [0, 1, 2] and len(simplex_weight["simplex"]["samples"]) == 3
+    own = [m["loss"] for m in simplex_weight["simplex"]["models"]]
+    assert simplex_weight["centroid"] == pytest.approx(simplex_weight["centroid_loss"] - sum(own) / 3, abs=1e-9)
+    # no alignment at the centroid of raw parameters: the mean of raw weights, as lf.simplex computes it
+    import lmc_fast as lf
+    from lmc_fast.io import load_model
+    from lmc_fast.sweep.batches import reiterable
+
+    runner_batches = [(x, y) for x, y in reiterable(grid.runner.Runner(parse_spec(spec), out, _one_rank(),
+                                                                       True, print).eval_batches())]
+    direct = lf.simplex([load_model(p) for p in models], runner_batches, n=3, space="raw")
+    assert recs[3]["centroid"] == pytest.approx(direct["centroid"]["excess"], rel=1e-9)
+    summary = (out / "summary.md").read_text()
+    assert "## Simplex" in summary and "| weight | 1 |" in summary
+    assert (out / "summary_simplex.csv").exists()
+    again = grid.run(spec, out, quiet=True)
+    assert again["computed"] == 0 and again["reused"] == 5
+
+
+def _one_rank():
+    from lmc_fast.grid.dist import Group
+
+    return Group(rank=0, world=1, device="cpu")
+
+
+@pytest.mark.parametrize("patch, message", [
+    (lambda s: s["methods"].update({"w2": {"max_iter": 3}}), r"methods\.w2: unknown method"),
+    (lambda s: s["methods"].update({"w2": {"method": "magic"}}), r"methods\.w2\.method: unknown method 'magic'"),
+    (lambda s: s["methods"].update({"weight": {"method": "learned"}}), r"methods\.weight\.method: only a variant"),
+    (lambda s: s["methods"].update({"w2": {"method": "weight", "steps": 3}}), r"methods\.w2\.steps: unknown option; weight takes"),
+    (lambda s: s.update(simplex={"groups": [[0, 0, 1]]}), r"simplex\.groups: group \[0, 0, 1\] lists a model twice"),
+    (lambda s: s.update(simplex={"groups": [[0, 5, 1]]}), r"simplex\.groups: index 5 out of range for 3 models"),
+    (lambda s: s.update(simplex={"groups": [[0, 1, 2]], "methods": ["w9"]}), r"simplex\.methods: unknown method 'w9'"),
+    (lambda s: s.update(simplex={"groups": [[0, 1, 2]], "alpha": 0}), r"simplex\.alpha: must be a finite number > 0"),
+    (lambda s: s.update(simplex={"groups": [[0, 1, 2]], "colour": 1}), r"simplex\.colour: unknown key"),
+])
+def test_bad_variants_and_groups_are_named(patch, message):
+    spec = _spec(["a", "b", "c"])
+    patch(spec)
+    with pytest.raises(ValueError, match=message):
+        parse_spec(spec)

@@ -36,5 +36,9 @@ def run(args, con: Console) -> int:
     result = run_grid(spec, Path(args.out), resume=args.resume, log=con.log, profile=args.profile)
     if result["rank"] == 0:
         con.out(markdown_table(result["summary"]).rstrip())
+        if result.get("simplex_summary"):
+            from ..grid.report import simplex_markdown_table
+
+            con.out(simplex_markdown_table(result["simplex_summary"]).rstrip())
         con.out(f"{len(result['records'])} records ({result['reused']} reused) -> {Path(args.out) / 'results.jsonl'}")
     return 0

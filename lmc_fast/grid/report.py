@@ -10,8 +10,10 @@ from pathlib import Path
 from ..atomic import atomic_file, json_text
 
 STATS = ("n", "median", "min", "max", "mean", "std")
-#: the per-method quantities summarised: the loss barrier and the accuracy at lambda = 0.5
-QUANTITIES = (("barrier", "barrier"), ("acc_mid", "acc_mid"))
+#: the per-method quantities summarised: the loss barrier, the accuracy and the loss at lambda = 0.5
+QUANTITIES = (("barrier", "barrier"), ("acc_mid", "acc_mid"), ("loss_mid", "loss_mid"))
+#: the same for simplex groups: the centroid's loss above the models' mean loss, its accuracy, the worst sample
+SIMPLEX_QUANTITIES = (("centroid", "centroid"), ("centroid_acc", "centroid_acc"), ("worst", "worst"))
 
 
 def _stats(values: list[float]) -> dict:
@@ -22,13 +24,23 @@ def _stats(values: list[float]) -> dict:
             "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else math.nan}
 
 
-def summarise(records: list[dict], methods) -> list[dict]:
-    """One row per method (in `methods` order): n and the statistics of the barrier and of acc at 0.5."""
+def pair_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("kind", "pair") == "pair"]
+
+
+def simplex_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("kind") == "simplex"]
+
+
+def summarise(records: list[dict], methods, quantities=QUANTITIES) -> list[dict]:
+    """One row per method (in `methods` order): n and the statistics of the barrier and of acc at 0.5
+    over the pair records (with `quantities=SIMPLEX_QUANTITIES`: of the centroid over simplex records)."""
     rows = []
+    kind = "simplex" if quantities is SIMPLEX_QUANTITIES else "pair"
     for method in methods:
-        rs = [r for r in records if r["method"] == method]
+        rs = [r for r in records if r["method"] == method and r.get("kind", "pair") == kind]
         row = {"method": method, "n": len(rs)}
-        for field, label in QUANTITIES:
+        for field, label in quantities:
             for k, v in _stats([r.get(field) for r in rs]).items():
                 if k != "n":
                     row[f"{label}_{k}"] = v
@@ -67,19 +79,40 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def simplex_markdown_table(rows: list[dict]) -> str:
+    head = ["method", "n"] + [f"centroid excess {k}" for k in ("median", "min", "max")] + \
+        [f"centroid acc {k}" for k in ("median", "min", "max")] + ["worst sample median"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r["method"], str(r["n"])] + [_num(r[f"centroid_{k}"]) for k in ("median", "min", "max")] + \
+                [_num(r[f"centroid_acc_{k}"], pct=True) for k in ("median", "min", "max")] + [_num(r["worst_median"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(records: list[dict], spec, out: Path) -> list[dict]:
-    """Every output of rank 0; returns the summary rows."""
+    """Every output of rank 0; returns the summary rows of the pairs (simplex rows: summary_simplex.csv)."""
     from .plots import plot_barriers, plot_grid_curves
 
     _write_text(out / "results.jsonl", "".join(json_text(r, indent=None) for r in records))
-    rows = summarise(records, spec.methods)
+    pairs = pair_records(records)
+    rows = summarise(pairs, spec.methods)
     _write_text(out / "summary.csv", _csv(rows))
     title = (f"{len(spec.pairs)} pairs on {spec.data} ({spec.split}), {len(spec.lambdas)} lambdas; "
              "loss barrier and accuracy at lambda = 0.5")
-    _write_text(out / "summary.md", f"# Grid summary\n\n{title}\n\n{markdown_table(rows)}")
-    plot_barriers(records, spec.methods, out / "barriers.png")
-    plot_grid_curves(records, spec.methods, out / "curves.png")
+    text = f"# Grid summary\n\n{title}\n\n{markdown_table(rows)}"
+    if spec.simplex_groups:
+        srows = summarise(simplex_records(records), spec.simplex_methods, SIMPLEX_QUANTITIES)
+        _write_text(out / "summary_simplex.csv", _csv(srows))
+        text += (f"\n## Simplex\n\n{len(spec.simplex_groups)} groups of {len(spec.simplex_groups[0])}+ models, "
+                 f"the others aligned to the first; the centroid's loss minus the models' mean loss, its accuracy, "
+                 f"and the worst of {spec.simplex_samples} Dirichlet({spec.simplex_alpha:g}) samples\n\n"
+                 f"{simplex_markdown_table(srows)}")
+    _write_text(out / "summary.md", text)
+    plot_barriers(pairs, spec.methods, out / "barriers.png")
+    plot_grid_curves(pairs, spec.methods, out / "curves.png")
     return rows
 
 
-__all__ = ["markdown_table", "summarise", "write_reports"]
+__all__ = ["SIMPLEX_QUANTITIES", "markdown_table", "pair_records", "simplex_markdown_table", "simplex_records",
+           "summarise", "write_reports"]

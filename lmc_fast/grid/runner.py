@@ -66,8 +66,8 @@ def _align_options(method: str, options: dict) -> dict:
 RESUMABLE = ("learned",)
 
 
-def checkpoint_path(out: Path, unit: Unit) -> Path:
-    return out / "alignments" / f"{unit.alignment_key}.{unit.method}.ckpt"
+def checkpoint_path(out: Path, key: str, base: str) -> Path:
+    return out / "alignments" / f"{key}.{base}.ckpt"
 
 
 def _jsonable(obj):
@@ -80,7 +80,8 @@ def read_unit(path: Path, key: str) -> dict | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("key") == key and "barrier" in record else None
+    finished = "barrier" in record or "centroid" in record if isinstance(record, dict) else False
+    return record if finished and record.get("key") == key else None
 
 
 class Runner:
@@ -114,13 +115,15 @@ class Runner:
         return self._match
 
     # ---- one unit
-    def _alignment(self, unit: Unit, a, b, seconds: dict):
-        """The unit's alignment: the stored file when resuming and it fits these models, else solved and stored.
-        Always the one read back from the file, so a resumed run applies exactly what a fresh one does."""
+    def _alignment(self, method: str, key: str, a, b, seconds: dict):
+        """Column `method`'s alignment of b onto a (stored as alignments/<key>): the stored file when resuming
+        and it fits these models, else solved and stored. Always the one read back from the file, so a
+        resumed run applies exactly what a fresh one does."""
         from ..match.methods import align_with
         from ..symmetry import Alignment
 
-        path = self.out / "alignments" / f"{unit.alignment_key}.safetensors"
+        base = self.spec.base(method)
+        path = self.out / "alignments" / f"{key}.safetensors"
         reused = False
         if self.resume and path.exists():
             try:
@@ -131,27 +134,72 @@ class Runner:
                 reused = False  # unreadable or made for other weights: solve again
         if not reused:
             t0 = time.perf_counter()
-            opts = _align_options(unit.method, self.spec.options.get(unit.method, {}))
-            data = self.match_batches() if REGISTRY[unit.method].needs_data else None
-            ckpt = checkpoint_path(self.out, unit) if unit.method in RESUMABLE else None
+            opts = _align_options(base, self.spec.options.get(method, {}))
+            data = self.match_batches() if REGISTRY[base].needs_data else None
+            ckpt = checkpoint_path(self.out, key, base) if base in RESUMABLE else None
             if ckpt is not None:
                 ckpt.parent.mkdir(parents=True, exist_ok=True)
                 opts["checkpoint"] = ckpt
             try:
-                al = align_with(unit.method, a, b, data, **opts)
+                al = align_with(base, a, b, data, **opts)
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"methods.{unit.method}: {' '.join(str(exc).split())}") from exc
-            seconds["solve"] = time.perf_counter() - t0
+                raise ValueError(f"methods.{method}: {' '.join(str(exc).split())}") from exc
+            seconds["solve"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             path.parent.mkdir(parents=True, exist_ok=True)
             al.save(path)
             if ckpt is not None:  # the alignment is stored: its solve's state is no longer needed
                 ckpt.unlink(missing_ok=True)
             al = Alignment.load(path)
-            seconds["write"] = time.perf_counter() - t0
+            seconds["write"] += time.perf_counter() - t0
         return al, reused, path
 
     def compute(self, unit: Unit) -> dict:
+        return self.compute_simplex(unit) if unit.kind == "simplex" else self.compute_pair(unit)
+
+    def compute_simplex(self, unit: Unit) -> dict:
+        """The group's centroid and Dirichlet mixtures after aligning every other model to the first."""
+        from ..sweep.evaluate import EvalOptions  # noqa: F401 - torch loaded here, as in compute_pair
+        from ..sweep.simplex import simplex
+
+        seconds = {"load": 0.0, "solve": 0.0, "canonicalise": 0.0, "sweep": 0.0, "write": 0.0}
+        t0 = time.perf_counter()
+        models = [self.models.get(k) for k in unit.models]
+        seconds["load"] = time.perf_counter() - t0
+        m = REGISTRY[self.spec.base(unit.method)]
+        aligned, infos, reused, paths = [models[0]], [], [], []
+        for model, key in zip(models[1:], unit.alignment_keys):
+            if not m.aligns:
+                aligned.append(model)
+                continue
+            al, was_reused, path = self._alignment(unit.method, key, models[0], model, seconds)
+            t0 = time.perf_counter()
+            aligned.append(al.apply(model))
+            seconds["canonicalise"] += time.perf_counter() - t0
+            infos.append(_jsonable(al.info))
+            reused.append(was_reused)
+            paths.append(str(path.relative_to(self.out)))
+        batches = self.eval_batches()
+        t0 = time.perf_counter()
+        sweep_dir = sweep_path(self.out, unit)
+        if not self.resume:
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+        res = simplex(aligned, batches, n=self.spec.simplex_samples, alpha=self.spec.simplex_alpha,
+                      seed=self.spec.simplex_seed, space=m.space, distributed=False, checkpoint=sweep_dir)
+        seconds["sweep"] = time.perf_counter() - t0
+        c = res["centroid"]
+        return {"kind": "simplex", "unit": unit.index, "key": unit.key, "models": list(unit.models),
+                "paths": [self.paths[k] for k in unit.models], "method": unit.method,
+                "options": self.spec.options.get(unit.method, {}), "space": m.space, "data": self.spec.data,
+                "split": self.spec.split, "examples": sum(len(y) for _, y in batches),
+                "centroid": c["excess"], "centroid_loss": c["loss"], "centroid_acc": c["acc"],
+                "centroid_acc_drop": c["acc_drop"], "worst": res["worst"]["excess"] if res["worst"] else None,
+                "samples": self.spec.simplex_samples, "alpha": self.spec.simplex_alpha, "simplex": _jsonable(res),
+                "info": infos, "alignments": paths, "alignment_reused": reused, "seconds": seconds,
+                "rank": self.group.rank,
+                "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+    def compute_pair(self, unit: Unit) -> dict:
         from ..sweep.barrier import barrier_with
         from ..sweep.evaluate import EvalOptions
 
@@ -161,10 +209,10 @@ class Runner:
         i, j = unit.pair
         a, b = self.models.get(i), self.models.get(j)
         seconds["load"] = time.perf_counter() - t0
-        m = REGISTRY[unit.method]
+        m = REGISTRY[self.spec.base(unit.method)]
         al, reused, al_path = (None, False, None)
         if m.aligns:
-            al, reused, al_path = self._alignment(unit, a, b, seconds)
+            al, reused, al_path = self._alignment(unit.method, unit.alignment_key, a, b, seconds)
             t0 = time.perf_counter()
             b = al.apply(b)
             seconds["canonicalise"] = time.perf_counter() - t0
@@ -269,12 +317,14 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
         units = make_units(spec, fingerprints)
         pending = [u for u in units if not (resume and read_unit(_unit_path(out, u), u.key))]
         group.barrier()  # every rank has listed the pending units before any rank writes one
-        mine = my_units(pending, group.rank, group.world, spec.methods)
-        rank_say(f"{len(units)} units ({len(spec.pairs)} pairs x {len(spec.methods)} methods): "
+        mine = my_units(pending, group.rank, group.world)
+        groups = (f" + {len(spec.simplex_groups)} simplex groups x {len(spec.simplex_methods)} methods"
+                  if spec.simplex_groups else "")
+        rank_say(f"{len(units)} units ({len(spec.pairs)} pairs x {len(spec.methods)} methods{groups}): "
                  f"{len(units) - len(pending)} finished before, {len(mine)} to compute here "
                  f"(models fingerprinted in {load_seconds:.1f} s)")
         # the profiled unit: rank 0's first that solves an alignment (the most phases), else its first
-        traced = next((n for n, u in enumerate(mine) if REGISTRY[u.method].aligns), 0)
+        traced = next((n for n, u in enumerate(mine) if REGISTRY[spec.base(u.method)].aligns), 0)
         for n, unit in enumerate(mine):
             compute = lambda u=unit: runner.compute(u)  # noqa: E731
             if profile is not None and n == traced and group.is_main:
@@ -284,8 +334,13 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
             write_json(_unit_path(out, unit), record)
             shutil.rmtree(sweep_path(out, unit), ignore_errors=True)  # the unit is stored: its records are done
             s = record["seconds"]
-            rank_say(f"[{n + 1}/{len(mine)}] pair {tuple(unit.pair)} {unit.method}: barrier {record['barrier']:.4f}, "
-                     f"acc at 0.5 {record['acc_mid']:.3f} (solve {s['solve']:.1f} s, sweep {s['sweep']:.1f} s)")
+            if unit.kind == "simplex":
+                what = (f"models {tuple(unit.models)} {unit.method}: centroid excess loss {record['centroid']:.4f}, "
+                        f"acc {record['centroid_acc']:.3f}")
+            else:
+                what = (f"pair {tuple(unit.pair)} {unit.method}: barrier {record['barrier']:.4f}, "
+                        f"acc at 0.5 {record['acc_mid']:.3f}")
+            rank_say(f"[{n + 1}/{len(mine)}] {what} (solve {s['solve']:.1f} s, sweep {s['sweep']:.1f} s)")
         group.barrier()  # every unit file is written
         result = {"records": [], "summary": [], "computed": len(mine), "reused": len(units) - len(pending),
                   "rank": group.rank, "world": group.world}
@@ -296,15 +351,25 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
                 if record is None:
                     raise RuntimeError(f"unit {unit.index} ({unit.method} on pair {unit.pair}) has no result file")
                 # the stored record may come from an equal unit of another grid (same weights, other paths)
-                record.update(unit=unit.index, pair=list(unit.pair), a=runner.paths[unit.pair[0]],
-                              b=runner.paths[unit.pair[1]])
+                if unit.kind == "simplex":
+                    record.update(unit=unit.index, models=list(unit.models),
+                                  paths=[runner.paths[k] for k in unit.models], method=unit.method)
+                else:
+                    record.update(unit=unit.index, pair=list(unit.pair), a=runner.paths[unit.pair[0]],
+                                  b=runner.paths[unit.pair[1]], method=unit.method)
                 records.append(record)
             result["records"] = records
             result["summary"] = write_reports(records, spec, out)
+            if spec.simplex_groups:
+                from .report import SIMPLEX_QUANTITIES, summarise
+
+                result["simplex_summary"] = summarise(records, spec.simplex_methods, SIMPLEX_QUANTITIES)
             write_json(out / "grid.json", {"kind": "grid", "units": len(units),
                                            "world": group.world, "models": runner.paths,
                                            "fingerprints": fingerprints, "methods": list(spec.methods),
                                            "pairs": [list(p) for p in spec.pairs], "lambdas": list(spec.lambdas),
+                                           "simplex_groups": [list(g) for g in spec.simplex_groups],
+                                           "simplex_methods": list(spec.simplex_methods),
                                            "data": spec.data, "split": spec.split})
             say(f"{len(records)} records -> {out / 'results.jsonl'}")
         group.barrier()  # no rank leaves (and tears the group down) while rank 0 still writes

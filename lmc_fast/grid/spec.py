@@ -12,6 +12,14 @@
     lambdas = 11               # a count or a list of values in [0, 1]
     [methods.learned]          # per-method options, passed to lf.align
     steps = 300
+    [methods.learned-perm]     # a variant: a new column, another method's options (`method` names it)
+    method = "learned"
+    learn = "permutations"
+    [simplex]                  # optional: the centroid of each group of models, after aligning the
+    groups = [[0, 1, 2]]       # others to its first with each method (the pairs' alignments are reused)
+    methods = ["none", "weight"]  # default: [grid] methods
+    samples = 16               # Dirichlet(alpha) draws besides the centroid
+    alpha = 1.0
 
 A bad spec fails here, before any model is loaded or trained.
 """
@@ -30,11 +38,13 @@ RECIPE_DATA = {"vit-digits": "digits", "vit-fashion-mnist": "fashion-mnist", "gp
 MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that loads torch)
 
 _KEYS = {
-    "": {"data", "models", "grid", "methods"},
+    "": {"data", "models", "grid", "methods", "simplex"},
     "data": {"spec", "split", "batch_size", "max_batches", "match_batch_size", "match_max_batches", "block_size"},
     "models": {"paths", "recipe", "seeds", "epochs", "steps"},
     "grid": {"pairs", "methods", "lambdas", "device"},
+    "simplex": {"groups", "methods", "samples", "alpha", "seed"},
 }
+MAX_SIMPLEX_SAMPLES = 100_000  # as lmc_fast.sweep.simplex.MAX_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class GridSpec:
     pairs: tuple[tuple[int, int], ...] = ()
     methods: tuple[str, ...] = ("none", "weight")
     options: dict = field(default_factory=dict)  # method -> {option: value}
+    bases: dict = field(default_factory=dict)  # variant name -> the registry method it runs
     lambdas: tuple[float, ...] = tuple(i / 10 for i in range(11))
     split: str = "test"
     batch_size: int = 256
@@ -55,10 +66,19 @@ class GridSpec:
     match_max_batches: int | None = None
     block_size: int | None = None
     device: str = "cpu"
+    simplex_groups: tuple[tuple[int, ...], ...] = ()  # model indices; the others aligned to the first
+    simplex_methods: tuple[str, ...] = ()
+    simplex_samples: int = 16
+    simplex_alpha: float = 1.0
+    simplex_seed: int = 0
 
     @property
     def n_models(self) -> int:
         return len(self.models) if self.models else len(self.seeds)
+
+    def base(self, method: str) -> str:
+        """The registry method a column runs: itself, or what its variant table names."""
+        return self.bases.get(method, method)
 
 
 def load_spec(path) -> GridSpec:
@@ -153,31 +173,53 @@ def _pairs(value, n: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def _methods(value) -> tuple[str, ...]:
+def _methods(value, bases: dict, key: str = "grid.methods") -> tuple[str, ...]:
+    choices = ", ".join(list(METHODS) + list(bases))
     if not isinstance(value, list) or not value:
-        raise ValueError(f"grid.methods: must be a non-empty list of {', '.join(METHODS)}")
+        raise ValueError(f"{key}: must be a non-empty list of {choices}")
     for m in value:
-        if m not in REGISTRY:
-            raise ValueError(f"grid.methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if m not in REGISTRY and m not in bases:
+            raise ValueError(f"{key}: unknown method {m!r}; choose from {choices} "
+                             f"(or define a variant as [methods.NAME] with method = ...)")
     if len(set(value)) != len(value):
-        raise ValueError("grid.methods: a method is listed twice")
+        raise ValueError(f"{key}: a method is listed twice")
     return tuple(value)
 
 
-def _options(table) -> dict:
+def _variant_base(name: str, opts: dict) -> str:
+    """The registry method of table [methods.name]: the name itself, or its `method` key (a variant)."""
+    if name in REGISTRY:
+        if "method" in opts:
+            raise ValueError(f"methods.{name}.method: only a variant (a new name) says which method it runs")
+        return name
+    base = opts.get("method")
+    if base is None:
+        raise ValueError(f"methods.{name}: unknown method; choose from {', '.join(METHODS)}, or make it a "
+                         f"variant with method = \"learned\" (for example)")
+    if base not in REGISTRY:
+        raise ValueError(f"methods.{name}.method: unknown method {base!r}; choose from {', '.join(METHODS)}")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"methods.{name}: a variant's name uses letters, digits, - and _ only")
+    return base
+
+
+def _options(table) -> tuple[dict, dict]:
+    """([methods.*] tables) -> (name -> options, variant name -> registry method)."""
     if not isinstance(table, dict):
         raise ValueError(f"methods: must be tables like [methods.learned], got {_kind(table)}")
-    out = {}
+    out, bases = {}, {}
     for name, opts in table.items():
-        if name not in REGISTRY:
-            raise ValueError(f"methods.{name}: unknown method; choose from {', '.join(METHODS)}")
         if not isinstance(opts, dict):
             raise ValueError(f"methods.{name}: must be a table of options, got {_kind(opts)}")
-        allowed = REGISTRY[name].options
+        base = _variant_base(name, opts)
+        if base != name:
+            bases[name] = base
+        allowed = REGISTRY[base].options
+        opts = {k: v for k, v in opts.items() if k != "method"}
         for key, v in opts.items():
             if key not in allowed:
                 raise ValueError(f"methods.{name}.{key}: unknown option" + (
-                    f"; {name} takes {', '.join(allowed)}" if allowed else f"; {name} takes none"))
+                    f"; {base} takes {', '.join(allowed)}" if allowed else f"; {base} takes none"))
             if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
                 raise ValueError(f"methods.{name}.{key}: must be a finite number, a string or a boolean, got {v!r}")
             if key == "augment":
@@ -186,7 +228,42 @@ def _options(table) -> dict:
                 if v not in AUGMENTATIONS:
                     raise ValueError(f"methods.{name}.augment: one of {', '.join(AUGMENTATIONS)}, got {v!r}")
         out[name] = dict(sorted(opts.items()))
-    return out
+    return out, bases
+
+
+def _simplex(table: dict, n: int, methods: tuple[str, ...], bases: dict) -> dict:
+    if not table:
+        return {}
+    groups = table.get("groups")
+    if not isinstance(groups, list) or not groups:
+        raise ValueError("simplex.groups: must list groups of model indices like [[0, 1, 2]]")
+    out = []
+    for g in groups:
+        if (not isinstance(g, list) or len(g) < 2
+                or any(isinstance(i, bool) or not isinstance(i, int) for i in g)):
+            raise ValueError(f"simplex.groups: each group must list two or more model indices, got {g!r}")
+        for i in g:
+            if not 0 <= i < n:
+                raise ValueError(f"simplex.groups: index {i} out of range for {n} models")
+        if len(set(g)) != len(g):
+            raise ValueError(f"simplex.groups: group {g} lists a model twice")
+        out.append(tuple(g))
+    if len(set(out)) != len(out):
+        raise ValueError("simplex.groups: a group is listed twice")
+    kw = {"simplex_groups": tuple(out),
+          "simplex_methods": _methods(table.get("methods", list(methods)), bases, "simplex.methods")}
+    if "samples" in table:
+        kw["simplex_samples"] = _int(table["samples"], "simplex.samples", 0)
+        if kw["simplex_samples"] > MAX_SIMPLEX_SAMPLES:
+            raise ValueError(f"simplex.samples: at most {MAX_SIMPLEX_SAMPLES}, got {kw['simplex_samples']}")
+    if "alpha" in table:
+        a = table["alpha"]
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a <= 0:
+            raise ValueError(f"simplex.alpha: must be a finite number > 0, got {a!r}")
+        kw["simplex_alpha"] = float(a)
+    if "seed" in table:
+        kw["simplex_seed"] = _int(table["seed"], "simplex.seed", 0)
+    return kw
 
 
 def _models(table: dict) -> dict:
@@ -227,7 +304,8 @@ def parse_spec(obj: dict) -> GridSpec:
         raise ValueError(f"a grid spec must be a table, got {_kind(obj)}")
     _check_keys(obj, "")
     data, models, grid = _table(obj, "data"), _table(obj, "models"), _table(obj, "grid")
-    for name, table in (("data", data), ("models", models), ("grid", grid)):
+    simplex = _table(obj, "simplex")
+    for name, table in (("data", data), ("models", models), ("grid", grid), ("simplex", simplex)):
         _check_keys(table, name)
     kw = _models(models)
     spec = data.get("spec", RECIPE_DATA.get(kw.get("recipe")))
@@ -243,7 +321,8 @@ def parse_spec(obj: dict) -> GridSpec:
             kw[key] = _int(data[key], f"data.{key}")
     n = len(kw.get("models") or kw["seeds"])
     kw["pairs"] = _pairs(grid.get("pairs", "all"), n)
-    kw["methods"] = _methods(grid.get("methods", list(METHODS)))
+    kw["options"], kw["bases"] = _options(obj.get("methods", {}))
+    kw["methods"] = _methods(grid.get("methods", list(METHODS)), kw["bases"])
     if "lambdas" in grid:
         kw["lambdas"] = _lambdas(grid["lambdas"])
     device = grid.get("device", "cpu")
@@ -251,7 +330,7 @@ def parse_spec(obj: dict) -> GridSpec:
         raise ValueError(f"grid.device: must be \"cpu\" or \"cuda\" (under torchrun each rank takes its own GPU), "
                          f"got {device!r}")
     kw["device"] = device
-    kw["options"] = _options(obj.get("methods", {}))
+    kw.update(_simplex(simplex, n, kw["methods"], kw["bases"]))
     return GridSpec(**kw)
 
 
