@@ -99,7 +99,7 @@ def model_data(args, models, paths=None):
 def is_text_model(model) -> bool:
     from ..models.adapters import adapter_for
 
-    return adapter_for(model).arch(model).family == "gpt2"
+    return adapter_for(model).arch(model).inputs == "tokens"
 
 
 def batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, device, seed: int = 0):

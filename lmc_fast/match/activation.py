@@ -5,7 +5,9 @@ sum_n a_n b_n^T is accumulated over tokens:
 - residual: the normalised stream h / rms(h) at every block boundary (rotation-equivariant,
   and normalising keeps deep layers from dominating);
 - mlp.l: the hidden units after the activation;
-- heads.l: per-head queries + keys (QK circuit) and values (VO circuit).
+- heads.l: per-head queries + keys (QK circuit) and values (VO circuit); with grouped-query
+  attention the queries per query head ("qk_q") apart from the keys per key / value head
+  ("qk_kv"), the values per key / value head ("vo_kv").
 Each group's activations in B depend only on that group's own element, so one pass
 solves every group; no coordinate ascent is needed.
 """
@@ -32,7 +34,8 @@ class CrossStats:
         self.sums[key] = value if key not in self.sums else self.sums[key] + value
 
     def update(self, rec_a: dict, rec_b: dict):
-        H, dh = self.arch.n_head, self.arch.d_head
+        H, G, dh = self.arch.n_head, self.arch.n_kv_head, self.arch.head_dim
+        grouped = G != H
         for name, a in rec_a.items():
             b = rec_b[name]
             a2, b2 = a.reshape(-1, a.shape[-1]).double(), b.reshape(-1, b.shape[-1]).double()
@@ -46,8 +49,13 @@ class CrossStats:
             else:  # q, k, v
                 circuit = "qk" if kind in ("q", "k") else "vo"
                 layer = name.split(".")[1]
-                term = torch.einsum("nia,njb->ijab", a2.reshape(-1, H, dh), b2.reshape(-1, H, dh))
-                self._add(f"heads.{layer}.{circuit}", term)
+                if grouped and kind == "q":
+                    term = torch.einsum("niua,njvb->iujvab", a2.reshape(-1, G, H // G, dh), b2.reshape(-1, G, H // G, dh))
+                    self._add(f"heads.{layer}.qk_q", term)
+                    continue
+                n = H if kind == "q" else G
+                term = torch.einsum("nia,njb->ijab", a2.reshape(-1, n, dh), b2.reshape(-1, n, dh))
+                self._add(f"heads.{layer}.{circuit}" + ("_kv" if grouped else ""), term)
         self.tokens += next(iter(rec_a.values())).shape[1:-1].numel()
 
 
@@ -84,11 +92,19 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
     if mlp:
         perms = solve.solve_permutations(torch.stack([stats.sums[n] for n in mlp]))
         elements.update({n: {"perm": p} for n, p in zip(mlp, perms)})
-    heads = [n for n, g in spec.groups.items() if g.kind == "heads"]
+    heads = [n for n, g in spec.groups.items() if g.kind == "heads" and g.group_size == 1]
     if heads:
         perm, qk, vo = solve.solve_heads(torch.stack([stats.sums[n + ".qk"] for n in heads]),
-                                         torch.stack([stats.sums[n + ".vo"] for n in heads]))
+                                         torch.stack([stats.sums[n + ".vo"] for n in heads]),
+                                         spec.groups[heads[0]].rotary)
         elements.update({n: {"perm": perm[i], "qk": qk[i], "vo": vo[i]} for i, n in enumerate(heads)})
+    grouped = [n for n, g in spec.groups.items() if g.kind == "heads" and g.group_size > 1]
+    if grouped:
+        c = solve.stack_correlations([{"qk_q": stats.sums[n + ".qk_q"], "qk_kv": stats.sums[n + ".qk_kv"],
+                                       "vo_q": None, "vo_kv": stats.sums[n + ".vo_kv"]} for n in grouped])
+        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary)
+        elements.update({n: {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
+                         for i, n in enumerate(grouped)})
     if "residual" in spec.groups:
         elements["residual"] = {"matrix": solve.solve_orthogonal(spec.groups["residual"], stats.sums["residual"])}
     info = {"method": "activation", "tokens": stats.tokens, "seconds": time.perf_counter() - t0}

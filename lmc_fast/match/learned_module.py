@@ -28,7 +28,7 @@ from .projection import Latents, apply_dense
 LEARN_MODES = ("all", "continuous", "residual", "permutations")
 #: latent names each `learn` mode trains (None: all); the others stay at their initial solution
 _LEARNED = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",),
-            "permutations": ("mlp_latent", "head_perm")}
+            "permutations": ("mlp_latent", "head_perm", "head_qperm")}
 
 
 def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:

@@ -4,15 +4,18 @@
   backward = identity to the latent (Git Re-Basin's straight-through estimator);
 - orthogonal maps: forward = the exact polar factor U V^T (kernels.polar); backward = the gradient of
   a differentiable polar map, batched Newton-Schulz iterations, rather than the identity;
-- invertible per-head maps: the latent itself.
-Group elements are applied as dense matrices here so that gradients reach the latents.
+- invertible per-head maps: the latent itself;
+- QK maps of rotary models: the latent's nearest per-plane [[a, -b], [b, a]] blocks (a linear
+  projection), with (a, b) normalised for rotations: differentiable as it is.
+Grouped-query attention: a permutation latent for the key / value heads and one per group for
+its query heads. Group elements are applied as dense matrices here so that gradients reach the latents.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import kernels
-from ..symmetry.elements import householder_basis
+from ..symmetry.elements import householder_basis, rotary_map, rotary_parts
 from ..symmetry.spec import Group, Spec
 from .solve import solve_permutations
 
@@ -64,7 +67,10 @@ class Latents(torch.nn.Module):
         self.spec = spec
         self.mlp = [n for n, g in spec.groups.items() if g.kind == "permutation"]
         self.heads = [n for n, g in spec.groups.items() if g.kind == "heads"]
-        self.head_map = spec.groups[self.heads[0]].head_map if self.heads else "orthogonal"
+        first = spec.groups[self.heads[0]] if self.heads else None
+        self.head_map = first.head_map if first is not None else "orthogonal"
+        self.rotary = bool(first is not None and first.rotary)
+        self.grouped = bool(first is not None and first.group_size > 1)
         res = spec.groups.get("residual")
         self.centred = bool(res is not None and res.centred)
         self._warm_mlp, self._warm_heads = {}, {}  # assignment prices from the previous step
@@ -72,6 +78,10 @@ class Latents(torch.nn.Module):
             self.mlp_latent = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.mlp]))
         if self.heads:
             self.head_perm = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.heads]))
+            if self.grouped:  # (layers, G, r, r): query heads within each group
+                self.head_qperm = torch.nn.Parameter(torch.stack([one_hot(elements[n]["qperm"], dtype)
+                                                                  for n in self.heads]))
+                self._warm_qheads = {}
             self.head_maps = torch.nn.Parameter(torch.stack(
                 [torch.stack([elements[n]["qk"], elements[n]["vo"]]) for n in self.heads]).to(dtype))
         if res is not None:
@@ -92,12 +102,25 @@ class Latents(torch.nn.Module):
         if self.heads:
             P, perm = permutation_ste(self.head_perm, self._warm_heads)
             L, _, H, dh, _ = self.head_maps.shape
-            maps = self.head_maps
+            qk, vo = self.head_maps[:, 0], self.head_maps[:, 1]
             if self.head_map == "orthogonal":
-                maps = polar_ste(maps.reshape(-1, dh, dh)).reshape(maps.shape)
+                vo = polar_ste(vo.reshape(-1, dh, dh)).reshape(vo.shape)
+                if not self.rotary:
+                    qk = polar_ste(qk.reshape(-1, dh, dh)).reshape(qk.shape)
+            if self.rotary:
+                a, b = rotary_parts(qk)
+                if self.head_map == "orthogonal":
+                    norm = torch.sqrt(a * a + b * b).clamp_min(1e-12)
+                    a, b = a / norm, b / norm
+                qk = rotary_map(a, b)
+            if self.grouped:
+                QP, qperm = permutation_ste(self.head_qperm.flatten(0, 1), self._warm_qheads)
+                QP, qperm = QP.reshape(self.head_qperm.shape), qperm.reshape(self.head_qperm.shape[:-1])
             for i, n in enumerate(self.heads):
-                dense[n] = {"P": P[i], "qk": maps[i, 0], "vo": maps[i, 1]}
-                hard[n] = {"perm": perm[i], "qk": maps[i, 0].detach().double(), "vo": maps[i, 1].detach().double()}
+                dense[n] = {"P": P[i], "qk": qk[i], "vo": vo[i]}
+                hard[n] = {"perm": perm[i], "qk": qk[i].detach().double(), "vo": vo[i].detach().double()}
+                if self.grouped:
+                    dense[n]["QP"], hard[n]["qperm"] = QP[i], qperm[i]
         if "residual" in self.spec.groups:
             R = polar_ste(self.residual.unsqueeze(0))[0]
             if self.centred:
@@ -118,8 +141,14 @@ def _apply_dense_axis(W: torch.Tensor, group: Group, ax, el: dict) -> torch.Tens
         A = el[ax.circuit]
         if ax.dual and group.head_map == "invertible":
             A = torch.linalg.inv(A).transpose(-1, -2)
-        heads = torch.einsum("ij,jar->iar", el["P"], flat.reshape(group.n_heads, group.head_dim, -1))
-        out = (A @ heads).reshape(shape[0], -1)
+        G, r, dh = group.kv_heads, group.group_size, group.head_dim
+        if ax.query and r > 1:  # (G, r, d_h, X): groups moved, then query heads within each new group
+            heads = torch.einsum("ij,juar->iuar", el["P"], flat.reshape(G, r, dh, -1))
+            heads = torch.einsum("iuv,ivar->iuar", el["QP"], heads)
+            out = (A.unsqueeze(1) @ heads).reshape(shape[0], -1)
+        else:
+            heads = torch.einsum("ij,jar->iar", el["P"], flat.reshape(G, dh, -1))
+            out = (A @ heads).reshape(shape[0], -1)
     return out.reshape(shape).movedim(0, ax.axis)
 
 

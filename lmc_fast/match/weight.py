@@ -32,25 +32,45 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
     heads = [n for n in names if spec.groups[n].kind == "heads"]
     perm_heads = [n for n in heads if spec.groups[n].head_map == NO_HEAD_MAP]  # raw space: whole heads
     heads = [n for n in heads if n not in perm_heads]
+    grouped = [n for n in heads if spec.groups[n].group_size > 1]  # grouped-query attention
+    heads = [n for n in heads if n not in grouped]
     if freeze_perms:
         for n in heads:
             c = solve.correlation(spec.groups[n], pa, pb_r)
-            qk, vo = solve.solve_head_maps(c["qk"], c["vo"], elements[n]["perm"])
+            qk, vo = solve.solve_head_maps(c["qk"], c["vo"], elements[n]["perm"], spec.groups[n].rotary)
             elements[n] = {"perm": elements[n]["perm"], "qk": qk, "vo": vo}
+        for n in grouped:
+            c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r)])
+            el = elements[n]
+            qk, vo = solve.grouped_head_maps(c, el["perm"][None], el["qperm"][None], spec.groups[n].rotary)
+            elements[n] = {"perm": el["perm"], "qperm": el["qperm"], "qk": qk[0], "vo": vo[0]}
         return
     if mlp:
         Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in mlp])
         for n, perm in zip(mlp, solve.solve_permutations(Cs, warm, tuple(mlp))):
             elements[n] = {"perm": perm}
     if perm_heads:
-        S = torch.stack([solve.head_scores(spec.groups[n], pa, pb_r) for n in perm_heads])
-        for n, perm in zip(perm_heads, solve.solve_permutations(S, warm, tuple(perm_heads))):
-            elements[n] = {"perm": perm}
+        scores = [solve.head_scores(spec.groups[n], pa, pb_r) for n in perm_heads]
+        if isinstance(scores[0], tuple):  # grouped-query attention: groups and query heads within them
+            perms, qperms = solve.assign_grouped(torch.stack([s[0] for s in scores]),
+                                                 torch.stack([s[1] for s in scores]))
+            for i, n in enumerate(perm_heads):
+                elements[n] = {"perm": perms[i], "qperm": qperms[i]}
+        else:
+            for n, perm in zip(perm_heads, solve.solve_permutations(torch.stack(scores), warm, tuple(perm_heads))):
+                elements[n] = {"perm": perm}
     if heads:
         cs = [solve.correlation(spec.groups[n], pa, pb_r) for n in heads]
-        perm, qk, vo = solve.solve_heads(torch.stack([c["qk"] for c in cs]), torch.stack([c["vo"] for c in cs]))
+        rotary = spec.groups[heads[0]].rotary
+        perm, qk, vo = solve.solve_heads(torch.stack([c["qk"] for c in cs]), torch.stack([c["vo"] for c in cs]),
+                                         rotary)
         for i, n in enumerate(heads):
             elements[n] = {"perm": perm[i], "qk": qk[i], "vo": vo[i]}
+    if grouped:
+        c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r) for n in grouped])
+        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary)
+        for i, n in enumerate(grouped):
+            elements[n] = {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
 
 
 def _solve_one(spec: Spec, name: str, pa: dict, pb_other: dict, elements: dict, warm: dict | None = None):

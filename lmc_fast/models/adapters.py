@@ -8,8 +8,7 @@ only place that knows a concrete class (Hugging Face's Conv1D layout, fused c_at
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -27,62 +26,8 @@ class IncompatibleModelsError(ValueError):
     """Two models that cannot be combined: an architecture field differs."""
 
 
-FAMILIES = ("vit", "gpt2")
-NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "gelu_tanh")
-# Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
-MAX_SIZE = 1 << 20
-
-
-@dataclass(frozen=True)
-class Arch:
-    """What the symmetry code needs to know about a model, independent of its class."""
-
-    family: str  # "vit" | "gpt2"
-    n_layer: int
-    d_model: int
-    n_head: int
-    d_mlp: int
-    norm: str  # "layernorm" | "rmsnorm"
-    eps: float
-    activation: str  # "gelu" | "gelu_tanh"
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def head_name(self) -> str:
-        return "head" if self.family == "vit" else "lm_head"
-
-    @property
-    def head_has_bias(self) -> bool:
-        return self.family == "vit"
-
-    @classmethod
-    def from_dict(cls, d) -> "Arch":
-        """An Arch from untrusted data (a file header): every field present, known and sane."""
-        if not isinstance(d, dict):
-            raise ValueError(f"arch must be an object, got {type(d).__name__}")
-        names = [f.name for f in fields(cls)]
-        missing, extra = [n for n in names if n not in d], sorted(set(d) - set(names))
-        if missing:
-            raise ValueError(f"arch lacks fields {missing}")
-        if extra:
-            raise ValueError(f"arch has unknown fields {extra}")
-        for key in ("n_layer", "d_model", "n_head", "d_mlp"):
-            v = d[key]
-            if type(v) is not int or not 1 <= v <= MAX_SIZE:
-                raise ValueError(f"arch {key} is {v!r}: must be an integer in [1, {MAX_SIZE}]")
-        if d["d_model"] % d["n_head"]:
-            raise ValueError(f"arch d_model {d['d_model']} is not divisible by n_head {d['n_head']}")
-        for key, allowed in (("family", FAMILIES), ("norm", NORMS), ("activation", ACTIVATIONS)):
-            if d[key] not in allowed:
-                raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
-        eps = d["eps"]
-        if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
-            raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
-        return cls(**{n: d[n] for n in names})
+# Arch moved to arch.py; re-exported here for the modules that import it from the adapters
+from .arch import ACTIVATIONS, FAMILIES, MAX_SIZE, NORMS, Arch  # noqa: E402,F401
 
 
 class Adapter:

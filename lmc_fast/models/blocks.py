@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "silu": lambda x: F.silu(x)}
 
 #: Largest model a config may describe: 2**34 (about 17 billion) parameters, 64 GiB in fp32.
 #: Past it a size is a typo, and the allocation would take the machine down instead of failing.

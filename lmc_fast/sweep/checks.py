@@ -32,11 +32,12 @@ def as_real(value) -> float:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """What batches a model takes: its family, its output size (classes or vocabulary) and,
-    for GPT-2, its context; for a ViT either the exact image shape (known from a config) or
-    the patch features and patch count (all that stacked parameters tell)."""
+    """What batches a model takes: token ids or images, its output size (classes or vocabulary)
+    and, for language models, its context (None: not known, e.g. rotary positions given as
+    parameters); for images either the exact image shape (known from a config) or the patch
+    features and patch count (all that stacked parameters tell)."""
 
-    family: str  # "vit" | "gpt2"
+    inputs: str  # "tokens" | "patches"
     n_out: int
     vocab: int | None = None
     block_size: int | None = None
@@ -48,10 +49,10 @@ class InputSpec:
 def spec_from_params(arch, params: dict) -> InputSpec:
     """The spec of a model given as standard parameters (leading K axes are allowed)."""
     n_out = params[arch.head_name + ".weight"].shape[-2]
-    pos = params["pos_embed"].shape[-2]
-    if arch.family == "gpt2":
-        return InputSpec("gpt2", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=pos)
-    return InputSpec("vit", n_out, patch_features=params["patch_embed.weight"].shape[-1], n_patches=pos - 1)
+    pos = params["pos_embed"].shape[-2] if "pos_embed" in params else None
+    if arch.inputs == "tokens":
+        return InputSpec("tokens", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=pos)
+    return InputSpec("patches", n_out, patch_features=params["patch_embed.weight"].shape[-1], n_patches=pos - 1)
 
 
 def _square(size) -> tuple[int, int]:
@@ -62,13 +63,14 @@ def spec_from_model(model) -> InputSpec:
     """The spec of a model object, read from its config (reference or Hugging Face)."""
     from ..models.adapters import adapter_for
 
-    family, c = adapter_for(model).arch(model).family, model.config
-    if family == "gpt2":
-        block = getattr(c, "block_size", None) or getattr(c, "n_positions", None)
-        return InputSpec("gpt2", c.vocab_size, vocab=c.vocab_size, block_size=block)
+    inputs, c = adapter_for(model).arch(model).inputs, model.config
+    if inputs == "tokens":
+        block = (getattr(c, "block_size", None) or getattr(c, "n_positions", None)
+                 or getattr(c, "max_position_embeddings", None))
+        return InputSpec("tokens", c.vocab_size, vocab=c.vocab_size, block_size=block)
     channels = getattr(c, "channels", None) or c.num_channels
     n_out = getattr(c, "num_classes", None) or c.num_labels
-    return InputSpec("vit", n_out, image_shape=(channels, *_square(c.image_size)))
+    return InputSpec("patches", n_out, image_shape=(channels, *_square(c.image_size)))
 
 
 def _range(t: torch.Tensor) -> tuple[int, int]:
@@ -134,7 +136,7 @@ def check_targets(spec: InputSpec, y: torch.Tensor) -> None:
             return
         lo, hi = _range(kept)
     if lo < 0 or hi >= spec.n_out:
-        what = "token id" if spec.family == "gpt2" else "class label"
+        what = "token id" if spec.inputs == "tokens" else "class label"
         raise ValueError(f"target {what} {lo if lo < 0 else hi} is outside [0, {spec.n_out}) "
                          f"(and is not the ignore index {IGNORE_INDEX})")
 
@@ -143,7 +145,7 @@ def check_batch(spec: InputSpec, x: torch.Tensor, y: torch.Tensor) -> None:
     """One line naming what is wrong with a batch (inputs, then targets), or nothing."""
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise ValueError(f"a batch must be two tensors (inputs, targets), got {type(x).__name__} and {type(y).__name__}")
-    if spec.family == "gpt2":
+    if spec.inputs == "tokens":
         check_token_ids(spec, x)
     else:
         check_images(spec, x)
@@ -205,9 +207,10 @@ def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int
     n_params = sum(t.numel() for t in params.values())
     largest = max(t.numel() for t in params.values())
     spec = spec_from_params(arch, params)
-    seq = spec.block_size if spec.family == "gpt2" else spec.n_patches + 1
+    # a rotary model's context is not in its parameters: assume sequences of max_tokens (one per pass)
+    seq = (spec.block_size or max_tokens) if spec.inputs == "tokens" else spec.n_patches + 1
     tokens = max(max_tokens, seq)
-    logits_per_token = spec.n_out if spec.family == "gpt2" else -(-spec.n_out // seq)
+    logits_per_token = spec.n_out if spec.inputs == "tokens" else -(-spec.n_out // seq)
     # residual, normed input, q, k, v, attention output + MLP hidden (and its activation) +
     # one row of attention scores per head; logits in the run dtype, then float64 metrics
     per_token = item * (6 * arch.d_model + 2 * arch.d_mlp + arch.n_head * seq) + logits_per_token * (item + 3 * 8)

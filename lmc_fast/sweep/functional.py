@@ -1,10 +1,15 @@
-"""A functional forward pass over standard parameters with a leading batch axis K.
+"""The one functional forward pass over standard parameters with a leading batch axis K.
 
 Every parameter carries a leading axis of K models (K interpolation points in a sweep, or
 K = 1); inputs are shared. Linear layers run as one batched GEMM over K, so a sweep of K
 points is a single pass. The same code runs the reference models and the Hugging Face ones
 (they map to the same standard parameters), and `record` exposes the activations that
-activation matching needs.
+activation matching needs. Every architecture choice is read from the `Arch` fields (inputs,
+positions, heads and key/value heads, gated MLP, biases, pooling).
+
+The blocks and the head read their weights through `ops` (`linear(x, name)`, `norm(x, name)`):
+`StackedOps` holds K parameter sets; the Triton path (lerp_kernel.py) passes ops that mix two
+end models inside the GEMM, and runs this same forward.
 """
 from __future__ import annotations
 
@@ -43,14 +48,14 @@ def norm(arch: Arch, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def embedding_names(arch: Arch) -> tuple[str, ...]:
     """The parameters `embed` reads: all a sweep needs of its end models, unmixed."""
-    if arch.family == "vit":
+    if arch.inputs == "patches":
         return ("patch_embed.weight", "patch_embed.bias", "cls_token", "pos_embed")
-    return ("tok_embed.weight", "pos_embed")
+    return ("tok_embed.weight", "pos_embed") if arch.positions == "learned" else ("tok_embed.weight",)
 
 
 def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     """Residual stream after the embeddings: (K, B, T, d)."""
-    if arch.family == "vit":
+    if arch.inputs == "patches":
         C = inputs.shape[1]
         patch = int(round((p["patch_embed.weight"].shape[-1] / C) ** 0.5))
         x = linear(patchify(inputs, patch).unsqueeze(0).expand(p["patch_embed.weight"].shape[0], -1, -1, -1),
@@ -59,53 +64,111 @@ def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
         return torch.cat([cls, x], dim=2) + p["pos_embed"].unsqueeze(1)
     T = inputs.shape[1]
     tok = p["tok_embed.weight"][:, inputs]  # (K, B, T, d)
-    return tok + p["pos_embed"][:, None, :T]
+    return tok + p["pos_embed"][:, None, :T] if arch.positions == "learned" else tok
 
 
-def attention(arch: Arch, p: dict, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
-    b = f"blocks.{l}.attn."
-    K, B, T, d = x.shape
-    H = arch.n_head
-    q, k, v = (linear(x, p[b + n + ".weight"], p[b + n + ".bias"]) for n in "qkv")
+def rope_tables(arch: Arch, T: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, d_h) of rotary positions, Hugging Face's layout: dimension i and i + d_h / 2
+    form the plane of frequency theta^(-2i / d_h)."""
+    dh = arch.head_dim
+    inv_freq = 1.0 / arch.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float64, device=device) / dh)
+    angles = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv_freq[None]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., T, d_h) rotated plane by plane: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attn_mask(arch: Arch, T: int, device) -> torch.Tensor | None:
+    """None (full or plain causal attention, left to SDPA) or a boolean (T, T) mask of the keys each
+    query sees: causal and within the sliding window."""
+    if arch.window is None or arch.window >= T:
+        return None
+    i = torch.arange(T, device=device)
+    offset = i[:, None] - i[None, :]
+    return (offset >= 0) & (offset < arch.window)
+
+
+class StackedOps:
+    """Linear layers and norms of K stacked parameter sets (the plain forward)."""
+
+    def __init__(self, arch: Arch, p: dict):
+        self.arch, self.p = arch, p
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return linear(x, self.p[name + ".weight"], self.p.get(name + ".bias"))
+
+    def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return norm(self.arch, x, self.p[name + ".weight"], self.p.get(name + ".bias"))
+
+
+def _ops(arch: Arch, p) -> StackedOps:
+    return p if hasattr(p, "linear") else StackedOps(arch, p)
+
+
+def attention(arch: Arch, p, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
+    ops, b = _ops(arch, p), f"blocks.{l}.attn."
+    K, B, T, _ = x.shape
+    H, G, dh = arch.n_head, arch.n_kv_head, arch.head_dim
+    q, k, v = (ops.linear(x, b + n) for n in "qkv")
     if record is not None:
         record(f"q.{l}", q), record(f"k.{l}", k), record(f"v.{l}", v)
-    heads = lambda t: t.reshape(K * B, T, H, d // H).transpose(1, 2)
-    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=arch.family == "gpt2")
-    y = y.transpose(1, 2).reshape(K, B, T, d)
-    return linear(y, p[b + "o.weight"], p[b + "o.bias"])
+    heads = lambda t, n: t.reshape(K * B, T, n, dh).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(q, H), heads(k, G), heads(v, G)
+    if arch.rotary:
+        cos, sin = rope_tables(arch, T, q.dtype, q.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if G != H:  # every query head of a group reads its key / value head
+        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+    mask = _attn_mask(arch, T, x.device) if arch.causal else None
+    if mask is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=arch.causal)
+    else:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return ops.linear(y.transpose(1, 2).reshape(K, B, T, H * dh), b + "o")
 
 
-def mlp(arch: Arch, p: dict, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
-    b = f"blocks.{l}.mlp."
-    z = ACTIVATIONS[arch.activation](linear(x, p[b + "fc1.weight"], p[b + "fc1.bias"]))
+def mlp(arch: Arch, p, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
+    ops, b = _ops(arch, p), f"blocks.{l}.mlp."
+    act = ACTIVATIONS[arch.activation]
+    if arch.gated:
+        z = act(ops.linear(x, b + "gate")) * ops.linear(x, b + "fc1")
+    else:
+        z = act(ops.linear(x, b + "fc1"))
     if record is not None:
         record(f"mlp.{l}", z)
-    return linear(z, p[b + "fc2.weight"], p[b + "fc2.bias"])
+    return ops.linear(z, b + "fc2")
 
 
-def blocks(arch: Arch, p: dict, h: torch.Tensor, record=None) -> torch.Tensor:
+def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
+    ops = _ops(arch, p)
     for l in range(arch.n_layer):
         if record is not None:
             record(f"resid.{l}", h)
         b = f"blocks.{l}."
-        h = h + attention(arch, p, l, norm(arch, h, p[b + "ln1.weight"], p.get(b + "ln1.bias")), record)
-        h = h + mlp(arch, p, l, norm(arch, h, p[b + "ln2.weight"], p.get(b + "ln2.bias")), record)
+        h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
+        h = h + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
     if record is not None:
         record(f"resid.{arch.n_layer}", h)
     return h
 
 
-def head(arch: Arch, p: dict, h: torch.Tensor) -> torch.Tensor:
-    if arch.family == "vit":
+def head(arch: Arch, p, h: torch.Tensor) -> torch.Tensor:
+    ops = _ops(arch, p)
+    if arch.pooling == "cls":
         h = h[:, :, 0]
-    h = norm(arch, h, p["ln_f.weight"], p.get("ln_f.bias"))
-    name = arch.head_name
-    return linear(h, p[name + ".weight"], p.get(name + ".bias"))
+    return ops.linear(ops.norm(h, "ln_f"), arch.head_name)
 
 
 def forward(arch: Arch, p: dict, inputs: torch.Tensor, record=None) -> torch.Tensor:
     """Logits (K, B, classes) or (K, B, T, vocab) for K stacked parameter sets."""
-    return head(arch, p, blocks(arch, p, embed(arch, p, inputs), record))
+    ops = StackedOps(arch, p)
+    return head(arch, ops, blocks(arch, ops, embed(arch, p, inputs), record))
 
 
 def stack(params_list: list[dict]) -> dict:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
 from ..models.adapters import Arch
-from ..models.blocks import ACTIVATIONS
 from . import functional as Fn
 from .batched import accumulate, results, token_budget
 from .checks import check_batch, check_sweep_memory, spec_from_params
@@ -54,47 +52,39 @@ def _lerp_vec(a: torch.Tensor | None, b: torch.Tensor | None, lam: torch.Tensor)
     return (1 - l) * a + l * b
 
 
-def _lin(x, pa, pb, lam, name, has_bias=True):
-    from ..kernels.lerp_matmul import lerp_matmul
+class LerpOps:
+    """The functional forward's linear layers and norms for the K models (1 - lam_k) A + lam_k B:
+    every linear layer a `lerp_matmul` call (the weights mixed tile by tile inside the GEMM)."""
 
-    w = name + ".weight"
-    b = name + ".bias"
-    tf32 = torch.backends.cuda.matmul.allow_tf32  # one switch for cuBLAS and the kernel
-    if has_bias and b in pa:
-        return lerp_matmul(x, pa[w], pb[w], lam, pa[b], pb[b], allow_tf32=tf32)
-    return lerp_matmul(x, pa[w], pb[w], lam, allow_tf32=tf32)
+    def __init__(self, arch: Arch, pa: dict, pb: dict, lam: torch.Tensor):
+        self.arch, self.pa, self.pb, self.lam = arch, pa, pb, lam
 
+    def linear(self, x, name):
+        from ..kernels.lerp_matmul import lerp_matmul
 
-def _norm(arch: Arch, x, pa, pb, lam, name):
-    bias = name + ".bias"
-    return Fn.norm(arch, x, _lerp_vec(pa[name + ".weight"], pb[name + ".weight"], lam),
-                   _lerp_vec(pa.get(bias), pb.get(bias), lam))
+        w, b = name + ".weight", name + ".bias"
+        tf32 = torch.backends.cuda.matmul.allow_tf32  # one switch for cuBLAS and the kernel
+        if b in self.pa:
+            return lerp_matmul(x, self.pa[w], self.pb[w], self.lam, self.pa[b], self.pb[b], allow_tf32=tf32)
+        return lerp_matmul(x, self.pa[w], self.pb[w], self.lam, allow_tf32=tf32)
+
+    def norm(self, x, name):
+        bias = name + ".bias"
+        pa, pb, lam = self.pa, self.pb, self.lam
+        return Fn.norm(self.arch, x, _lerp_vec(pa[name + ".weight"], pb[name + ".weight"], lam),
+                       _lerp_vec(pa.get(bias), pb.get(bias), lam))
 
 
 def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """Logits of the K models (1 - lam_k) theta_A + lam_k theta_B without materialising them:
-    mirrors `functional.forward`, with every linear layer a `lerp_matmul` call."""
+    `functional`'s forward with `LerpOps` for its linear layers and norms."""
     K = lam.shape[0]
-    ends = Fn.stack([pa, pb])
+    ends = Fn.stack([{k: pa[k] for k in Fn.embedding_names(arch)}, {k: pb[k] for k in Fn.embedding_names(arch)}])
     e = Fn.embed(arch, ends, inputs)  # (2, B, T, d): the embedding is linear in the parameters
     l = lam.to(e.dtype).reshape(K, *([1] * (e.dim() - 1)))
     h = (1 - l) * e[0] + l * e[1]
-    H = arch.n_head
-    for i in range(arch.n_layer):
-        p = f"blocks.{i}."
-        x = _norm(arch, h, pa, pb, lam, p + "ln1")
-        _, B, T, d = x.shape
-        q, k, v = (_lin(x, pa, pb, lam, p + "attn." + n) for n in "qkv")
-        heads = lambda t: t.reshape(K * B, T, H, d // H).transpose(1, 2)  # noqa: E731
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=arch.family == "gpt2")
-        h = h + _lin(y.transpose(1, 2).reshape(K, B, T, d), pa, pb, lam, p + "attn.o")
-        x = _norm(arch, h, pa, pb, lam, p + "ln2")
-        z = ACTIVATIONS[arch.activation](_lin(x, pa, pb, lam, p + "mlp.fc1"))
-        h = h + _lin(z, pa, pb, lam, p + "mlp.fc2")
-    if arch.family == "vit":
-        h = h[:, :, 0]
-    h = _norm(arch, h, pa, pb, lam, "ln_f")
-    return _lin(h, pa, pb, lam, arch.head_name)
+    ops = LerpOps(arch, pa, pb, lam)
+    return Fn.head(arch, ops, Fn.blocks(arch, ops, h))
 
 
 def use_kernel(kernel, device, n_models: int) -> bool:

@@ -4,8 +4,10 @@
   readers' biases (b <- b + W beta); a reader without a bias (GPT-2's LM head) keeps the
   shift as a norm bias c = beta / gamma added after normalising;
 - LayerNorm models: every writer is centred (W <- C W), so LN(h) equals RMSNorm(h);
-- b_K <- 0 (softmax ignores a per-query constant); b_O <- b_O + W_O b_V, b_V <- 0
-  (attention weights sum to one).
+- b_K <- 0 (softmax ignores a per-query constant; not with rotary positions, where q . R b_K
+  depends on the key's position); b_O <- b_O + W_O b_V, b_V <- 0 (attention weights sum to
+  one; only where the output projection has a bias to take it, and not with grouped-query
+  attention's shared values: W_O b_V then needs every query head's block, which it has).
 The result is idempotent and exports back to the original class.
 """
 from __future__ import annotations
@@ -44,9 +46,13 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor]) -> dict[str, t
         p[norm + ".weight"] = torch.ones_like(gamma)
     for l in range(arch.n_layer):
         b = f"blocks.{l}.attn."
-        p[b + "o.bias"] = p[b + "o.bias"] + p[b + "o.weight"] @ p[b + "v.bias"]
-        p[b + "v.bias"] = torch.zeros_like(p[b + "v.bias"])
-        p[b + "k.bias"] = torch.zeros_like(p[b + "k.bias"])
+        if b + "v.bias" in p and b + "o.bias" in p:
+            # each query head h reads value head h // group_size: expand b_V to the query heads
+            b_v = p[b + "v.bias"].reshape(arch.n_kv_head, 1, arch.head_dim).expand(-1, arch.group_size, -1)
+            p[b + "o.bias"] = p[b + "o.bias"] + p[b + "o.weight"] @ b_v.reshape(-1)
+            p[b + "v.bias"] = torch.zeros_like(p[b + "v.bias"])
+        if b + "k.bias" in p and not arch.rotary:
+            p[b + "k.bias"] = torch.zeros_like(p[b + "k.bias"])
     if arch.norm == "layernorm":
         for name, axis in residual_writers(arch):
             W = p[name]

@@ -7,6 +7,13 @@ An element is a dict of tensors, by group kind:
                new head i = A_i @ old head perm[i] (A_i^{-T} on dual axes);
                with head_map "none" (raw-space head permutation): {"perm": (H,)} only,
                new head i = old head perm[i].
+  Grouped-query attention (G key / value heads, r = H / G query heads each): "perm" (G,) moves
+  key / value heads with their query heads, "qperm" (G, r) permutes query heads within a group
+  (new query head (i, j) = old (perm[i], qperm[i, j])), and "qk", "vo" hold one map per key /
+  value head (G, d_h, d_h), applied to every query head of the group.
+  Rotary models: each QK map commutes with RoPE: per frequency plane (dimensions p and p + d_h/2)
+  the 2x2 block [[a, -b], [b, a]] (a rotation; with invertible head maps a rotation and scale),
+  zero elsewhere; stored dense like any head map.
 """
 from __future__ import annotations
 
@@ -44,15 +51,60 @@ def householder_basis(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
     return torch.eye(d, dtype=dtype, device=device) - 2.0 * torch.outer(v, v) / (v @ v)
 
 
+def _head_perms(group: Group, device=None, random: bool = False, generator=None) -> Element:
+    """"perm" (and "qperm" with grouped-query attention): the identity, or random ones."""
+    G, r = group.kv_heads, group.group_size
+    if not random:
+        out = {"perm": torch.arange(G, device=device)}
+        if r > 1:
+            out["qperm"] = torch.arange(r, device=device).expand(G, -1).clone()
+        return out
+    out = {"perm": torch.randperm(G, generator=generator)}
+    if r > 1:
+        out["qperm"] = torch.stack([torch.randperm(r, generator=generator) for _ in range(G)])
+    return out
+
+
 def identity(group: Group, dtype=torch.float64, device=None) -> Element:
     if group.kind == "permutation":
         return {"perm": torch.arange(group.size, device=device)}
     if group.kind == "orthogonal":
         return {"matrix": torch.eye(group.size, dtype=dtype, device=device)}
     if _perm_only(group):
-        return {"perm": torch.arange(group.n_heads, device=device)}
-    eye = torch.eye(group.head_dim, dtype=dtype, device=device).expand(group.n_heads, -1, -1).clone()
-    return {"perm": torch.arange(group.n_heads, device=device), "qk": eye, "vo": eye.clone()}
+        return _head_perms(group, device)
+    eye = torch.eye(group.head_dim, dtype=dtype, device=device).expand(group.kv_heads, -1, -1).clone()
+    return {**_head_perms(group, device), "qk": eye, "vo": eye.clone()}
+
+
+# ---------------------------------------------------------------- maps that commute with RoPE
+def rotary_map(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(..., d_h / 2) plane coefficients -> (..., d_h, d_h): [[a, -b], [b, a]] on each plane (p, p + d_h/2)."""
+    half = a.shape[-1]
+    M = torch.zeros(*a.shape[:-1], 2 * half, 2 * half, dtype=a.dtype, device=a.device)
+    i = torch.arange(half, device=a.device)
+    M[..., i, i] = a
+    M[..., i + half, i + half] = a
+    M[..., i + half, i] = b
+    M[..., i, i + half] = -b
+    return M
+
+
+def rotary_parts(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plane coefficients (a, b) nearest to M (least squares): the inverse of `rotary_map`."""
+    half = M.shape[-1] // 2
+    i = torch.arange(half, device=M.device)
+    a = 0.5 * (M[..., i, i] + M[..., i + half, i + half])
+    b = 0.5 * (M[..., i + half, i] - M[..., i, i + half])
+    return a, b
+
+
+def random_rotary(half: int, generator=None, dtype=torch.float64, batch=(), invertible: bool = False,
+                  max_cond: float = 10.0) -> torch.Tensor:
+    """Random maps commuting with RoPE: a rotation per plane (times a scale in [1, max_cond ** 0.5])."""
+    angle = 2 * math.pi * torch.rand(*batch, half, generator=generator, dtype=torch.float64)
+    scale = (1.0 + (max_cond**0.5 - 1.0) * torch.rand(*batch, half, generator=generator, dtype=torch.float64)
+             if invertible else torch.ones(*batch, half, dtype=torch.float64))
+    return rotary_map(scale * angle.cos(), scale * angle.sin()).to(dtype)
 
 
 def random_orthogonal(n: int, generator=None, dtype=torch.float64, batch=()) -> torch.Tensor:
@@ -86,12 +138,14 @@ def random_element(group: Group, generator=None, dtype=torch.float64) -> Element
         if group.centred:
             return {"matrix": centred_orthogonal(random_orthogonal(group.size - 1, generator, dtype))}
         return {"matrix": random_orthogonal(group.size, generator, dtype)}
+    perms = _head_perms(group, random=True, generator=generator)
     if _perm_only(group):
-        return {"perm": torch.randperm(group.n_heads, generator=generator)}
+        return perms
     maker = random_orthogonal if group.head_map == "orthogonal" else random_invertible
-    H, dh = group.n_heads, group.head_dim
-    return {"perm": torch.randperm(H, generator=generator),
-            "qk": maker(dh, generator, dtype, batch=(H,)), "vo": maker(dh, generator, dtype, batch=(H,))}
+    G, dh = group.kv_heads, group.head_dim
+    qk = (random_rotary(dh // 2, generator, dtype, batch=(G,), invertible=group.head_map == "invertible")
+          if group.rotary else maker(dh, generator, dtype, batch=(G,)))
+    return {**perms, "qk": qk, "vo": maker(dh, generator, dtype, batch=(G,))}
 
 
 # ------------------------------------------------------------------ validation
@@ -101,10 +155,11 @@ def expected_shapes(group: Group) -> dict[str, tuple[int, ...]]:
         return {"perm": (group.size,)}
     if group.kind == "orthogonal":
         return {"matrix": (group.size, group.size)}
-    H, dh = group.n_heads, group.head_dim
+    G, r, dh = group.kv_heads, group.group_size, group.head_dim
+    perms = {"perm": (G,), **({"qperm": (G, r)} if r > 1 else {})}
     if _perm_only(group):
-        return {"perm": (H,)}
-    return {"perm": (H,), "qk": (H, dh, dh), "vo": (H, dh, dh)}
+        return perms
+    return {**perms, "qk": (G, dh, dh), "vo": (G, dh, dh)}
 
 
 def _fail(group: Group, message: str):
@@ -178,6 +233,17 @@ def _check_orthogonal(group: Group, key: str, M: torch.Tensor, centred: bool = F
                          f"max|R 1 - 1| = {err:.3g} > {tol:g}")
 
 
+def _check_rotary(group: Group, key: str, M: torch.Tensor) -> None:
+    """Zero outside the planes and [[a, -b], [b, a]] on each: the maps that commute with RoPE."""
+    tol = ORTHOGONAL_TOLERANCE[M.dtype]
+    Q = M.to(torch.float64)
+    off = (Q - rotary_map(*rotary_parts(Q))).abs().amax(dim=(-2, -1))
+    err, where = _worst(off / Q.abs().amax(dim=(-2, -1)).clamp_min(1e-300))
+    if not err <= tol:
+        _fail(group, f"{key!r} does not commute with the rotary positions{where}: it is not one "
+                     f"rotation (and scale) per frequency plane (relative error {err:.3g} > {tol:g})")
+
+
 def _check_invertible(group: Group, key: str, M: torch.Tensor) -> None:
     s = torch.linalg.svdvals(M.to(torch.float64))
     cond = torch.where(s[..., -1] > 0, s[..., 0] / s[..., -1], torch.full_like(s[..., 0], math.inf))
@@ -201,6 +267,8 @@ def validate(group: Group, el: Element) -> None:
         _check_orthogonal(group, "matrix", el["matrix"], centred=group.centred)
         return
     _check_permutation(group, "perm", el["perm"])
+    for i, row in enumerate(el.get("qperm", ())):
+        _check_permutation(group, f"qperm[{i}]", row)
     if _perm_only(group):
         return
     for key in ("qk", "vo"):
@@ -209,6 +277,8 @@ def validate(group: Group, el: Element) -> None:
             _check_orthogonal(group, key, el[key])
         else:
             _check_invertible(group, key, el[key])
+    if group.rotary:
+        _check_rotary(group, "qk", el["qk"])
 
 
 def _nearest_orthogonal(M: torch.Tensor) -> torch.Tensor:
@@ -219,7 +289,7 @@ def _nearest_orthogonal(M: torch.Tensor) -> torch.Tensor:
 def snap(group: Group, el: Element) -> Element:
     """`el` moved onto the group in float64 (nearest orthogonal maps, keeping R 1 = 1 where
     the group is centred): for elements computed in float32, e.g. by learned matching."""
-    out = {k: (v.long() if k == "perm" else v.to(torch.float64)) for k, v in el.items()}
+    out = {k: (v.long() if k in ("perm", "qperm") else v.to(torch.float64)) for k, v in el.items()}
     if group.kind == "orthogonal":
         M = out["matrix"]
         if group.centred:
@@ -229,7 +299,24 @@ def snap(group: Group, el: Element) -> Element:
             out["matrix"] = _nearest_orthogonal(M)
     elif group.kind == "heads" and group.head_map == "orthogonal":
         out["qk"], out["vo"] = _nearest_orthogonal(out["qk"]), _nearest_orthogonal(out["vo"])
+    if group.kind == "heads" and group.rotary and "qk" in out:
+        a, b = rotary_parts(out["qk"])
+        if group.head_map == "orthogonal":
+            norm = torch.sqrt(a * a + b * b).clamp_min(1e-300)
+            a, b = a / norm, b / norm
+        out["qk"] = rotary_map(a, b)
     return out
+
+
+def nearest_rotary(C: torch.Tensor) -> torch.Tensor:
+    """The RoPE-commuting rotation M (one per plane) maximising tr(M^T C): per plane the angle of
+    (C_pp + C_qq, C_qp - C_pq), q = p + d_h/2."""
+    a, b = rotary_parts(C)
+    norm = torch.sqrt(a * a + b * b)
+    flat = norm == 0  # no signal in this plane: the identity
+    a = torch.where(flat, torch.ones_like(a), a / norm.clamp_min(1e-300))
+    b = torch.where(flat, torch.zeros_like(b), b / norm.clamp_min(1e-300))
+    return rotary_map(a, b)
 
 
 def _dual(group: Group, M: torch.Tensor) -> torch.Tensor:
@@ -237,6 +324,24 @@ def _dual(group: Group, M: torch.Tensor) -> torch.Tensor:
     if group.kind == "heads" and group.head_map == "invertible":
         return torch.linalg.inv(M).transpose(-1, -2)
     return M
+
+
+def _gather_heads(flat: torch.Tensor, group: Group, ax: Axis, el: Element) -> torch.Tensor:
+    """The axis's head blocks in their new order: (G, d_h, X) for key / value axes, (G, r, d_h, X)
+    for query axes (Q rows, O columns)."""
+    G, r, dh = group.kv_heads, group.group_size, group.head_dim
+    n_blocks = G * r if ax.query else G
+    if flat.shape[0] != n_blocks * dh:  # e.g. grouped-query K rows read as one block per query head
+        raise InvalidAlignmentError(f"group {group.name!r}: {ax.param} axis {ax.axis} has {flat.shape[0]} entries, "
+                                    f"not {n_blocks} heads x {dh}")
+    perm = el["perm"].to(flat.device)
+    if not ax.query:
+        return flat.reshape(G, dh, -1)[perm]
+    blocks = flat.reshape(G, r, dh, -1)[perm]
+    if "qperm" in el:
+        idx = el["qperm"].to(flat.device)[perm.new_tensor(range(G))]  # (G, r): row i for new group i
+        blocks = blocks.gather(1, idx[:, :, None, None].expand(-1, -1, dh, blocks.shape[-1]))
+    return blocks
 
 
 def apply_axis(W: torch.Tensor, group: Group, ax: Axis, el: Element) -> torch.Tensor:
@@ -248,13 +353,12 @@ def apply_axis(W: torch.Tensor, group: Group, ax: Axis, el: Element) -> torch.Te
     elif group.kind == "orthogonal":
         out = el["matrix"].to(W) @ flat
     elif _perm_only(group):
-        perm = el["perm"].to(W.device)
-        out = flat.reshape(group.n_heads, group.head_dim, -1)[perm].reshape(shape[0], -1)
+        out = _gather_heads(flat, group, ax, el).reshape(shape[0], -1)
     else:
         A = el[ax.circuit].to(W)
         T = _dual(group, A) if ax.dual else A
-        heads = flat.reshape(group.n_heads, group.head_dim, -1)[el["perm"].to(W.device)]
-        out = (T @ heads).reshape(shape[0], -1)
+        heads = _gather_heads(flat, group, ax, el)
+        out = ((T.unsqueeze(1) if ax.query else T) @ heads).reshape(shape[0], -1)
     return out.reshape(shape).movedim(0, ax.axis)
 
 
@@ -274,21 +378,30 @@ def apply_spec(spec: Spec, params: dict[str, torch.Tensor], elements: dict[str, 
 
 def compose(group: Group, first: Element, second: Element) -> Element:
     """The element acting as `first` after `second`: (first . second) . theta = first . (second . theta)."""
-    if group.kind == "permutation" or _perm_only(group):
+    if group.kind == "permutation":
         return {"perm": second["perm"][first["perm"]]}
     if group.kind == "orthogonal":
         return {"matrix": first["matrix"] @ second["matrix"].to(first["matrix"])}
     p1 = first["perm"]
-    return {"perm": second["perm"][p1],
-            "qk": first["qk"] @ second["qk"].to(first["qk"])[p1],
+    out = {"perm": second["perm"][p1]}
+    if "qperm" in first:  # new query head (i, j) = old (second.perm[p1[i]], second.qperm[p1[i], first.qperm[i, j]])
+        out["qperm"] = second["qperm"][p1].gather(1, first["qperm"])
+    if _perm_only(group):
+        return out
+    return {**out, "qk": first["qk"] @ second["qk"].to(first["qk"])[p1],
             "vo": first["vo"] @ second["vo"].to(first["vo"])[p1]}
 
 
 def inverse(group: Group, el: Element) -> Element:
-    if group.kind == "permutation" or _perm_only(group):
+    if group.kind == "permutation":
         return {"perm": torch.argsort(el["perm"])}
     if group.kind == "orthogonal":
         return {"matrix": el["matrix"].transpose(-1, -2).clone()}
     inv_perm = torch.argsort(el["perm"])
+    out = {"perm": inv_perm}
+    if "qperm" in el:
+        out["qperm"] = torch.argsort(el["qperm"][inv_perm], dim=1)
+    if _perm_only(group):
+        return out
     inv = (lambda A: A.transpose(-1, -2)) if group.head_map == "orthogonal" else torch.linalg.inv
-    return {"perm": inv_perm, "qk": inv(el["qk"][inv_perm]), "vo": inv(el["vo"][inv_perm])}
+    return {**out, "qk": inv(el["qk"][inv_perm]), "vo": inv(el["vo"][inv_perm])}

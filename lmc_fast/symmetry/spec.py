@@ -23,6 +23,8 @@ class Axis:
     axis: int
     dual: bool = False
     circuit: str | None = None  # "qk" or "vo" inside a heads group
+    query: bool = False  # heads group: blocks of the n_heads query heads (Q rows, O columns), not the
+    # n_kv_heads key / value heads (K, V rows); the same without grouped-query attention
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,22 @@ class Group:
     n_heads: int = 0
     head_dim: int = 0
     head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h), GL(d_h), or "none" (identity)
+    n_kv_heads: int = 0  # grouped-query attention: key / value heads (0: n_heads)
+    rotary: bool = False  # QK maps commute with RoPE: per frequency plane a rotation (or a rotation and scale)
 
     @property
     def layer_local(self) -> bool:
         return self.name != "residual"
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the key / value axes: the units the head permutation moves."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key / value head (1: multi-head attention)."""
+        return self.n_heads // self.kv_heads
 
 
 @dataclass
@@ -57,13 +71,14 @@ class Spec:
 # ----------------------------------------------------------------- residual stream roles
 def residual_writers(arch: Arch) -> list[tuple[str, int]]:
     """(param, axis) of everything that adds into the residual stream."""
-    if arch.family == "vit":
+    if arch.inputs == "patches":
         out = [("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 0), ("pos_embed", 1)]
     else:
-        out = [("tok_embed.weight", 1), ("pos_embed", 1)]
+        out = [("tok_embed.weight", 1)] + ([("pos_embed", 1)] if arch.positions == "learned" else [])
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
-        out += [(b + "attn.o.weight", 0), (b + "attn.o.bias", 0), (b + "mlp.fc2.weight", 0), (b + "mlp.fc2.bias", 0)]
+        out += [(b + "attn.o.weight", 0)] + ([(b + "attn.o.bias", 0)] if arch.o_bias else [])
+        out += [(b + "mlp.fc2.weight", 0)] + ([(b + "mlp.fc2.bias", 0)] if arch.mlp_bias else [])
     return out
 
 
@@ -73,7 +88,7 @@ def norm_readers(arch: Arch) -> dict[str, list[str]]:
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
         out[b + "ln1"] = [b + "attn.q", b + "attn.k", b + "attn.v"]
-        out[b + "ln2"] = [b + "mlp.fc1"]
+        out[b + "ln2"] = arch.mlp_readers(l)
     out["ln_f"] = [arch.head_name]
     return out
 
@@ -88,23 +103,32 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
         if head_map is not None:
-            axes = (
-                Axis(b + "attn.q.weight", 0, False, "qk"), Axis(b + "attn.q.bias", 0, False, "qk"),
-                Axis(b + "attn.k.weight", 0, True, "qk"), Axis(b + "attn.k.bias", 0, True, "qk"),
-                Axis(b + "attn.v.weight", 0, False, "vo"), Axis(b + "attn.v.bias", 0, False, "vo"),
-                Axis(b + "attn.o.weight", 1, True, "vo"),
-            )
-            groups[f"heads.{l}"] = Group(f"heads.{l}", "heads", arch.d_model, axes, n_heads=arch.n_head,
-                                         head_dim=arch.d_head, head_map=head_map)
-        axes = (Axis(b + "mlp.fc1.weight", 0), Axis(b + "mlp.fc1.bias", 0), Axis(b + "mlp.fc2.weight", 1, True))
-        groups[f"mlp.{l}"] = Group(f"mlp.{l}", "permutation", arch.d_mlp, axes)
+            # Q rows and O columns: n_head blocks (query heads); K / V rows: n_kv_head blocks
+            axes = [Axis(b + "attn.q.weight", 0, False, "qk", query=True), Axis(b + "attn.k.weight", 0, True, "qk"),
+                    Axis(b + "attn.v.weight", 0, False, "vo"), Axis(b + "attn.o.weight", 1, True, "vo", query=True)]
+            if arch.qkv_bias:
+                axes += [Axis(b + "attn.q.bias", 0, False, "qk", query=True), Axis(b + "attn.k.bias", 0, True, "qk"),
+                         Axis(b + "attn.v.bias", 0, False, "vo")]
+            groups[f"heads.{l}"] = Group(f"heads.{l}", "heads", arch.n_head * arch.head_dim, tuple(axes),
+                                         n_heads=arch.n_head, head_dim=arch.head_dim, head_map=head_map,
+                                         n_kv_heads=arch.n_kv_head,
+                                         rotary=arch.rotary and head_map != NO_HEAD_MAP)
+        readers = [r + ".weight" for r in arch.mlp_readers(l)]
+        axes = [Axis(r, 0) for r in readers]
+        if arch.mlp_bias:
+            axes += [Axis(r.replace(".weight", ".bias"), 0) for r in readers]
+        axes.append(Axis(b + "mlp.fc2.weight", 1, True))
+        groups[f"mlp.{l}"] = Group(f"mlp.{l}", "permutation", arch.d_mlp, tuple(axes))
     return groups
 
 
 def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
     """Every symmetry of docs/ARCHITECTURE.md, section 1, on canonical parameters: residual orthogonal map
     (R 1 = 1 for LayerNorm), per-layer head permutation with per-head QK / VO maps, per-layer
-    MLP permutation. Norm biases left by the canonical form (c = beta / gamma) rotate with R."""
+    MLP permutation. Norm biases left by the canonical form (c = beta / gamma) rotate with R.
+    Grouped-query attention: key / value heads permute with their query heads, query heads permute
+    within their group, one QK and one VO map per key / value head; rotary models: QK maps that
+    commute with RoPE (per frequency plane a 2x2 rotation, or a rotation and scale)."""
     if head_map not in HEAD_MAPS:
         raise ValueError(f"head_map must be one of {HEAD_MAPS}, got {head_map!r}")
     axes = [Axis(p, a) for p, a in residual_writers(arch)]

@@ -1,0 +1,188 @@
+"""One description of a Transformer for everything after the adapters (docs/ARCHITECTURE.md, section 8).
+
+The canonical form, the symmetry specs, the functional forward and the checks read the explicit
+fields below; none of them branches on `family`, which is only a label (messages, files).
+`Arch.vit`, `Arch.gpt2` and `Arch.llama` give each family's settings; a new architecture is an
+adapter that fills these fields, not a new branch in five files.
+
+Standard parameter names (nn.Linear's (out, in) layout):
+    inputs "patches": patch_embed.weight / .bias, cls_token, pos_embed
+    inputs "tokens":  tok_embed.weight, pos_embed (positions "learned" only)
+    blocks.L.ln1 / ln2 (.weight, .bias for LayerNorm)
+    blocks.L.attn.q / k / v / o (.weight, .bias where the arch has them); k and v have
+        n_kv_head * head_dim rows (grouped-query attention), q has n_head * head_dim
+    blocks.L.mlp.fc1 (up), mlp.gate (gated MLPs only: act(gate x) * fc1 x), mlp.fc2 (down)
+    ln_f, then `head` (classifier, pooled "cls") or `lm_head` (per token, pooling "none")
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+FAMILIES = ("vit", "gpt2", "llama")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
+INPUTS = ("patches", "tokens")
+POSITIONS = ("learned", "rotary")
+POOLINGS = ("cls", "none")
+MLPS = ("plain", "gated")
+# Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
+MAX_SIZE = 1 << 20
+
+# what each family's fields are when a file or a caller names only the first eight
+_FAMILY_DEFAULTS = {
+    "vit": dict(inputs="patches", positions="learned", causal=False, pooling="cls", mlp="plain", qkv_bias=True,
+                o_bias=True, mlp_bias=True, head_bias=True),
+    "gpt2": dict(inputs="tokens", positions="learned", causal=True, pooling="none", mlp="plain", qkv_bias=True,
+                 o_bias=True, mlp_bias=True, head_bias=False),
+    "llama": dict(inputs="tokens", positions="rotary", causal=True, pooling="none", mlp="gated", qkv_bias=False,
+                  o_bias=False, mlp_bias=False, head_bias=False),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the symmetry code needs to know about a model, independent of its class."""
+
+    family: str  # a label: "vit" | "gpt2" | "llama" (defaults for the fields left None)
+    n_layer: int
+    d_model: int
+    n_head: int
+    d_mlp: int
+    norm: str  # "layernorm" | "rmsnorm"
+    eps: float
+    activation: str  # "gelu" | "gelu_tanh" | "silu"
+    n_kv_head: int | None = None  # grouped-query attention: key / value heads (None: n_head)
+    head_dim: int | None = None  # None: d_model // n_head
+    inputs: str | None = None  # "patches" (images) | "tokens"
+    positions: str | None = None  # "learned" (pos_embed added) | "rotary" (RoPE on q and k)
+    rope_theta: float = 10000.0
+    window: int | None = None  # sliding-window attention: a query sees the last `window` keys
+    causal: bool | None = None
+    pooling: str | None = None  # "cls": classify token 0 | "none": logits per token
+    mlp: str | None = None  # "plain": fc2(act(fc1 x)) | "gated": fc2(act(gate x) * fc1 x)
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
+    head_bias: bool | None = None
+
+    def __post_init__(self):
+        defaults = _FAMILY_DEFAULTS.get(self.family, {})
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_head if self.n_head else 0)
+
+    # ---- derived
+    @property
+    def d_head(self) -> int:
+        return self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key / value head (1 without grouped-query attention)."""
+        return self.n_head // self.n_kv_head
+
+    @property
+    def rotary(self) -> bool:
+        return self.positions == "rotary"
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp == "gated"
+
+    @property
+    def head_name(self) -> str:
+        return "head" if self.pooling == "cls" else "lm_head"
+
+    @property
+    def head_has_bias(self) -> bool:
+        return bool(self.head_bias)
+
+    def attn_params(self, layer: int) -> list[str]:
+        """The attention parameters of block `layer` this architecture has."""
+        b = f"blocks.{layer}.attn."
+        out = [b + n + ".weight" for n in "qkvo"]
+        if self.qkv_bias:
+            out += [b + n + ".bias" for n in "qkv"]
+        if self.o_bias:
+            out.append(b + "o.bias")
+        return out
+
+    def mlp_readers(self, layer: int) -> list[str]:
+        """The MLP's input layers (the norm ln2 feeds them): up, and gate for gated MLPs."""
+        b = f"blocks.{layer}.mlp."
+        return [b + "fc1"] + ([b + "gate"] if self.gated else [])
+
+    # ---- constructors
+    @classmethod
+    def vit(cls, n_layer, d_model, n_head, d_mlp, norm="layernorm", eps=1e-5, activation="gelu", **kw) -> "Arch":
+        return cls("vit", n_layer, d_model, n_head, d_mlp, norm, eps, activation, **kw)
+
+    @classmethod
+    def gpt2(cls, n_layer, d_model, n_head, d_mlp, norm="layernorm", eps=1e-5, activation="gelu_tanh",
+             **kw) -> "Arch":
+        return cls("gpt2", n_layer, d_model, n_head, d_mlp, norm, eps, activation, **kw)
+
+    @classmethod
+    def llama(cls, n_layer, d_model, n_head, d_mlp, n_kv_head=None, eps=1e-6, **kw) -> "Arch":
+        return cls("llama", n_layer, d_model, n_head, d_mlp, "rmsnorm", eps, "silu", n_kv_head=n_kv_head, **kw)
+
+    # ---- files
+    @classmethod
+    def from_dict(cls, d) -> "Arch":
+        """An Arch from untrusted data (a file header): every field known and sane. The first eight
+        fields are required; the others default by family (files written before they existed)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"arch must be an object, got {type(d).__name__}")
+        names = [f.name for f in fields(cls)]
+        required = names[:8]
+        missing, extra = [n for n in required if n not in d], sorted(set(d) - set(names))
+        if missing:
+            raise ValueError(f"arch lacks fields {missing}")
+        if extra:
+            raise ValueError(f"arch has unknown fields {extra}")
+        for key in ("n_layer", "d_model", "n_head", "d_mlp"):
+            _check_size(key, d[key])
+        for key in ("n_kv_head", "head_dim", "window"):
+            if d.get(key) is not None:
+                _check_size(key, d[key])
+        for key, allowed in (("family", FAMILIES), ("norm", NORMS), ("activation", ACTIVATIONS), ("inputs", INPUTS),
+                             ("positions", POSITIONS), ("pooling", POOLINGS), ("mlp", MLPS)):
+            if (key in required or d.get(key) is not None) and d[key] not in allowed:
+                raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
+        for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias"):
+            if d.get(key) is not None and not isinstance(d[key], bool):
+                raise ValueError(f"arch {key} is {d[key]!r}: must be true or false")
+        eps = d["eps"]
+        if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
+            raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
+        theta = d.get("rope_theta", 10000.0)
+        if type(theta) not in (int, float) or not (math.isfinite(theta) and theta > 1):
+            raise ValueError(f"arch rope_theta is {theta!r}: must be a number > 1")
+        arch = cls(**{n: d[n] for n in names if n in d})
+        arch.check()
+        return arch
+
+    def check(self) -> None:
+        """Consistency of the head layout (ValueError naming the sizes)."""
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"arch n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}")
+        if self.head_dim == 0 or (self.head_dim * self.n_head != self.d_model and not self.rotary):
+            # only rotary (LLaMA-family) models may have n_head * head_dim != d_model
+            raise ValueError(f"arch d_model {self.d_model} is not divisible by n_head {self.n_head}"
+                             if self.d_model % self.n_head else
+                             f"arch d_model {self.d_model} does not fit n_head {self.n_head} x head_dim {self.head_dim}")
+        if self.rotary and self.head_dim % 2:
+            raise ValueError(f"arch head_dim {self.head_dim} must be even with rotary positions")
+
+
+def _check_size(key: str, v) -> None:
+    if type(v) is not int or not 1 <= v <= MAX_SIZE:
+        raise ValueError(f"arch {key} is {v!r}: must be an integer in [1, {MAX_SIZE}]")
+
+
+__all__ = ["ACTIVATIONS", "Arch", "FAMILIES", "INPUTS", "MLPS", "NORMS", "POOLINGS", "POSITIONS"]
