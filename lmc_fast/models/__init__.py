@@ -1,5 +1,6 @@
 """Reference models and the adapters that map any supported model to standard parameters."""
 from .gpt2 import GPT2, GPT2Config
+from .llama import Llama, LlamaConfig
 from .vit import ViT, ViTConfig
 
 
@@ -11,4 +12,4 @@ def pad_mlp(model, d_mlp: int):
     return _pad_mlp(model, d_mlp)
 
 
-__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "pad_mlp"]
+__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "pad_mlp"]
