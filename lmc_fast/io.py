@@ -7,10 +7,10 @@
     hf = load_model("my-gpt2/")                          # a save_pretrained folder -> GPT2LMHeadModel
     save_model(hf_merged, "merged-gpt2/")                # written back with save_pretrained
 
-Our format: the JSON config is `{"format": "lmc_fast.model/1", "model_type": "vit"|"gpt2",
-"config": <ViTConfig/GPT2Config.to_dict()>, "metadata": {...}, "write_id": ...}`; the same JSON
-is also stored in the safetensors header, so a lone `.safetensors` file is self-describing. A
-tied GPT-2 (`lm_head.weight is tok_embed.weight`) is stored once (safetensors refuses shared
+Our format: the JSON config is `{"format": "lmc_fast.model/1", "model_type": "vit"|"gpt2"|"llama",
+"config": <ViTConfig/GPT2Config/LlamaConfig.to_dict()>, "metadata": {...}, "write_id": ...}`; the same
+JSON is also stored in the safetensors header, so a lone `.safetensors` file is self-describing. A
+tied GPT-2 or Llama (`lm_head.weight is tok_embed.weight`) is stored once (safetensors refuses shared
 tensors) and re-tied on load. Loading never unpickles anything: weights come from safetensors only.
 
 Writes never lose data (`lmc_fast.atomic`): one atomic rename per file; writing into a folder
@@ -40,7 +40,7 @@ import torch
 from .atomic import (atomic_dir, atomic_file, commit, finite_json, folder_for_write, fsync_path, json_text,
                      remove_stale_temps, signals_deferred, staged, temp_folder, write_json, writing)
 from .errors import CheckpointError, CheckpointNotFoundError
-from .models import GPT2, GPT2Config, ViT, ViTConfig
+from .models import GPT2, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
 from .models.adapters import UnsupportedModelError, adapter_for
 from .numerics import all_finite
 
@@ -51,14 +51,21 @@ HF_META = "lmc_fast_meta.json"  # our metadata beside a Hugging Face folder (ign
 HF_INDEX = "model.safetensors.index.json"
 HF_GENERATION = "generation_config.json"
 _HF_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
-_CLASSES = {"vit": (ViT, ViTConfig), "gpt2": (GPT2, GPT2Config)}
-_HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "vit": "ViTForImageClassification"}
+_CLASSES = {"vit": (ViT, ViTConfig), "gpt2": (GPT2, GPT2Config), "llama": (Llama, LlamaConfig)}
+_TIED_CONFIGS = (GPT2Config, LlamaConfig)  # configs with tie_word_embeddings: lm_head stored once
+_HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "vit": "ViTForImageClassification", "llama": "LlamaForCausalLM",
+               "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# the LLaMA family: one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
+_HF_LLAMA_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                    "max_position_embeddings"), ("num_key_value_heads", "head_dim"),
+                   ("num_attention_heads", "num_key_value_heads"), "num_hidden_layers")
 # HF config sizes checked before anything is built: (positive sizes, optional sizes, (width, heads), layers)
 _HF_SIZES = {
     "gpt2": (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
              "n_layer"),
     "vit": (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "image_size",
              "patch_size", "num_channels"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers"),
+    "llama": _HF_LLAMA_SIZES, "mistral": _HF_LLAMA_SIZES, "qwen2": _HF_LLAMA_SIZES,
 }
 _LOADABLE_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 _DTYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "BOOL": "bool", "U8": "uint8", "I8": "int8",
@@ -136,6 +143,8 @@ def _model_type(model) -> str:
         return "vit"
     if isinstance(model, GPT2):
         return "gpt2"
+    if isinstance(model, Llama):
+        return "llama"
     adapter_for(model)  # raises UnsupportedModelError naming the class
     raise UnsupportedModelError(f"cannot save {type(model).__name__}")
 
@@ -182,7 +191,7 @@ def _tensors_to_save(model) -> dict:
         if ptr is not None:
             seen[ptr] = k
         out[k] = v.cpu().contiguous()
-    if isinstance(model, GPT2) and model.config.tie_word_embeddings:
+    if isinstance(model, (GPT2, Llama)) and model.config.tie_word_embeddings:
         out.pop("lm_head.weight", None)
     return out
 
@@ -450,7 +459,7 @@ def _load_ours(path: Path):
     header, where = _our_header(path, meta)
     cls, config = _our_config(header, where)
     _check_layer_count(where, "n_layer", config.n_layer, specs, weights)
-    tied = isinstance(config, GPT2Config) and config.tie_word_embeddings
+    tied = isinstance(config, _TIED_CONFIGS) and config.tie_word_embeddings
     _check_dtypes(weights, specs)
     sizes = ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if type(v) is int)
     _check_tensors(weights, specs, _shapes(_meta_model(lambda: cls(config), where, f" ({sizes})")),
@@ -520,9 +529,9 @@ def _check_hf_sizes(cfg_obj: dict, config, where: Path) -> None:
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:  # ViT sizes may be pairs
             _check_size(where, name, v)
-    if getattr(config, width) % getattr(config, heads):
-        raise CheckpointError(f"{where}: config field {width}={getattr(config, width)} is not divisible by "
-                              f"{heads}={getattr(config, heads)}")
+    w, h = getattr(config, width, None), getattr(config, heads, None)
+    if w is not None and h is not None and w % h:
+        raise CheckpointError(f"{where}: config field {width}={w} is not divisible by {heads}={h}")
 
 
 def _hf_renamer(model):
