@@ -15,16 +15,17 @@ def load(path, device):
 
 #: --config keys the data decides (overriding them would make the model not fit its data)
 CONFIG_FROM_DATA = {"vit": {"image_size": "the images", "channels": "the images", "num_classes": "the labels"},
-                    "gpt2": {"vocab_size": "the text's token ids", "block_size": "--block-size"}}
+                    "gpt2": {"vocab_size": "the text's token ids", "block_size": "--block-size"},
+                    "llama": {"vocab_size": "the text's token ids", "block_size": "--block-size"}}
 
 
 def _config_fields(model: str) -> dict:
     """{field name: type name} of the model's config dataclass."""
     import dataclasses
 
-    from ..models import GPT2Config, ViTConfig
+    from ..models import GPT2Config, LlamaConfig, ViTConfig
 
-    cls = GPT2Config if model == "gpt2" else ViTConfig
+    cls = {"gpt2": GPT2Config, "llama": LlamaConfig}.get(model, ViTConfig)
     return {f.name: str(f.type) for f in dataclasses.fields(cls)}
 
 

@@ -12,7 +12,8 @@ from .outputs import Outputs, now
 
 def register(subparsers, parents):
     t = add_command(subparsers, "train", "train models from several seeds", parents)
-    t.add_argument("--model", choices=["vit", "gpt2"], default="vit", help="architecture")
+    t.add_argument("--model", choices=["vit", "gpt2", "llama"], default="vit",
+                   help="architecture (gpt2 and llama train on text)")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="one model per seed")
     t.add_argument("--out", required=True, help="output folder (seed<N>/ per seed and train.json)")
@@ -20,7 +21,7 @@ def register(subparsers, parents):
     length.add_argument("--epochs", type=finite_positive_float, default=None,
                         help="training epochs (default: the recipe's, else 3 for a ViT)")
     length.add_argument("--steps", type=positive_int, default=None,
-                        help="optimizer steps instead of epochs (default: the recipe's, else 1000 for a GPT-2)")
+                        help="optimizer steps instead of epochs (default: the recipe's, else 1000 for text)")
     t.add_argument("--lr", type=finite_positive_float, default=None, help="peak learning rate (default: the recipe's)")
     t.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: the recipe's)")
     t.add_argument("--limit", type=positive_int, default=None,
@@ -80,22 +81,23 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     import dataclasses
 
     from ..data.base import ImageDataset, TokenDataset
-    from ..models import GPT2, GPT2Config, ViT, ViTConfig
+    from ..models import GPT2, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
     from ..recipes import recipe
 
     name, _ = split_spec(args.data)
     overrides = dict(overrides)
     is_text = isinstance(train_ds, TokenDataset)
-    if args.model == "gpt2" and not is_text:
-        raise CLIError(f"--model gpt2 needs text data (text:PATH or shakespeare), got {args.data!r}")
+    if args.model in ("gpt2", "llama") and not is_text:
+        raise CLIError(f"--model {args.model} needs text data (text:PATH or shakespeare), got {args.data!r}")
     if args.model == "vit" and not isinstance(train_ds, ImageDataset):
         raise CLIError(f"--model vit needs image data, got {args.data!r}")
-    rec = {("vit", "digits"): "vit-digits", ("vit", "fashion-mnist"): "vit-fashion-mnist",
-           ("gpt2", "shakespeare"): "gpt2-shakespeare"}.get((args.model, name))
+    recipes = {("vit", "digits"): "vit-digits", ("vit", "fashion-mnist"): "vit-fashion-mnist",
+               ("gpt2", "shakespeare"): "gpt2-shakespeare", ("llama", "shakespeare"): "llama-shakespeare"}
+    rec = recipes.get((args.model, name))
     if rec is not None:
         r = recipe(rec)
         cfg, hp, bs = r.model_config, dict(r.hparams), r.batch_size
-        if rec == "gpt2-shakespeare" and train_ds.block_size != cfg.block_size:
+        if is_text and train_ds.block_size != cfg.block_size:
             cfg = dataclasses.replace(cfg, block_size=train_ds.block_size)
     elif args.model == "vit":
         C, H, W = train_ds.image_shape
@@ -110,15 +112,24 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
             cfg = ViTConfig(image_size=H, patch_size=patch, channels=C, d_model=64, n_layer=4, n_head=4, d_mlp=128)
         cfg = dataclasses.replace(cfg, num_classes=train_ds.num_classes, channels=C, image_size=H)
         hp, bs = dict(epochs=3, lr=2e-3, weight_decay=0.05, warmup=0.1, label_smoothing=0.0), 128
+    elif args.model == "llama":
+        cfg = LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, vocab_size=train_ds.vocab_size,
+                          block_size=train_ds.block_size)
+        hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     else:
         cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=train_ds.vocab_size, block_size=train_ds.block_size)
         hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     if is_text:
         cfg = dataclasses.replace(cfg, vocab_size=train_ds.vocab_size)
-    cls = GPT2 if args.model == "gpt2" else ViT
+    cls = {"gpt2": GPT2, "llama": Llama}.get(args.model, ViT)
     if overrides:
         if args.model == "gpt2" and "n_embd" in overrides and "d_mlp" not in overrides:
             overrides["d_mlp"] = 4 * overrides["n_embd"]
+        if args.model == "llama":  # widths derived from d_model / n_head follow them unless given
+            if "d_model" in overrides and "d_mlp" not in overrides:
+                overrides["d_mlp"] = None
+            if ("d_model" in overrides or "n_head" in overrides) and "head_dim" not in overrides:
+                overrides["head_dim"] = None
         cfg = overridden(cls, cfg, overrides, args.config)
     if args.epochs is not None:
         hp.pop("steps", None)
