@@ -168,3 +168,25 @@ def test_weighting_and_init_options_are_checked():
         weight_matching(spec, pa, pb, init="random")
     assert lf.align(a, b, "weight", weighting="per_tensor").info["weighting"] == "per_tensor"
     assert lf.align(a, b, "permutation", weighting="per_tensor").info["weighting"] == "per_tensor"
+
+
+@pytest.mark.parametrize("kind", ["vit", "gpt2"])
+@pytest.mark.parametrize("method, spec_fn", [("weight", canonical_spec), ("permutation", permutation_spec)])
+def test_float32_matching_recovers_the_planted_element(kind, method, spec_fn):
+    """dtype=torch.float32 (half the memory of large models): the same permutations, the continuous maps
+    to float32 accuracy, and elements snapped to exact float64 group members."""
+    a, b, truth = planted(kind, spec_fn, seed=24)
+    al = lf.align(a, b, method, dtype=torch.float32)
+    assert al.info["dtype"] == "float32"
+    inv = truth.inverse()
+    for name in al.spec.groups:
+        for key, t in al[name].items():
+            assert t.dtype == (torch.int64 if key in ("perm", "qperm") else torch.float64)
+            if key in ("perm", "qperm"):
+                assert torch.equal(t, inv[name][key]), (name, key)
+            else:
+                assert (t - inv[name][key]).abs().max() < 1e-4, (name, key)
+    al.validate()  # float64 tolerance: exact group elements
+    assert rel_err(logits(al.apply(b), make_inputs(kind)), logits(a, make_inputs(kind))) < 1e-4
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+        lf.align(a, b, method, dtype=torch.float16)

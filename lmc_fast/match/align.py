@@ -1,6 +1,8 @@
 """`align(model_a, model_b, method=...)`: the one entry point over every matching method."""
 from __future__ import annotations
 
+import torch
+
 from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
@@ -16,19 +18,21 @@ def _progress(enabled: bool, desc: str, total=None):
     return tqdm(total=total, desc=desc)
 
 
-def params_pair(model_a, model_b, space: str, heads: bool = True):
+def params_pair(model_a, model_b, space: str, heads: bool = True, dtype=torch.float64):
+    """(spec, A's and B's parameters in the spec's space and `dtype`); one model's raw copy at a time."""
     check_compatible(model_a, model_b, mlp="equal")  # every config field, not only the Arch
-    arch_a, raw_a = standard_params(model_a)
-    arch_b, raw_b = standard_params(model_b)
-    check_same_arch(arch_a, arch_b, "model_b")
+    arch_a, raw = standard_params(model_a)
     spec = spec_for(arch_a, space, heads=heads)
-    return spec, prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)
+    pa = prepare_params(spec, arch_a, raw, dtype)
+    arch_b, raw = standard_params(model_b)
+    check_same_arch(arch_a, arch_b, "model_b")
+    return spec, pa, prepare_params(spec, arch_b, raw, dtype)
 
 
 def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0, max_iter: int = 100,
           tol: float = 1e-4, order: str = "structured", max_batches: int | None = None,
           progress: bool = False, heads: bool | None = None, weighting: str | None = None,
-          token_counts=None, **learned_kw) -> Alignment:
+          token_counts=None, dtype=None, **learned_kw) -> Alignment:
     """The alignment g with g . model_b as close to model_a as the method can make it.
 
     - "weight": generalized weight matching over every symmetry group (data-free);
@@ -59,24 +63,29 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
         raise ValueError(f"weighting is an option of methods 'weight' and 'permutation', not {method!r}")
     if token_counts is not None and method != "weight":
         raise ValueError(f"token_counts is an option of method 'weight', not {method!r}")
+    if dtype is not None and method == "learned":
+        raise ValueError("dtype is an option of methods 'weight', 'permutation' and 'activation', not 'learned'")
+    if dtype not in (None, torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}
     al = _match(model_a, model_b, method, data, seed=seed, max_iter=max_iter, tol=tol, order=order,
-                max_batches=max_batches, progress=progress, heads=heads, weighting=weighting or "sum", token_counts=token_counts, **learned_kw)
+                max_batches=max_batches, progress=progress, heads=heads, weighting=weighting or "sum",
+                token_counts=token_counts, dtype=dtype or torch.float64, **learned_kw)
     al.info.update(fingerprints)
     return al
 
 
 def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_batches, progress, heads=None,
-           weighting="sum", token_counts=None, **learned_kw):
+           weighting="sum", token_counts=None, dtype=torch.float64, **learned_kw):
     # A narrower MLP in B is zero-padded to A's width (function-preserving); the assignment
     # then leaves the zero units on A's unmatched units (models/resize.py).
     model_b = widen_mlp_to(adapter_for(model_a).arch(model_a), model_b)
     if method == "permutation":
         from .weight import weight_matching
 
-        spec, pa, pb = params_pair(model_a, model_b, "raw", heads=heads is not False)
+        spec, pa, pb = params_pair(model_a, model_b, "raw", heads=heads is not False, dtype=dtype)
         bar = _progress(progress, "permutation matching", max_iter)
         elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed,
                                          weighting=weighting, progress=bar)
@@ -85,14 +94,14 @@ def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_ba
     elif method == "weight":
         from .weight import weight_matching
 
-        spec, pa, pb = params_pair(model_a, model_b, "canonical")
+        spec, pa, pb = params_pair(model_a, model_b, "canonical", dtype=dtype)
         bar = _progress(progress, "weight matching", max_iter)
         elements, info = weight_matching(spec, pa, pb, max_iter=max_iter, tol=tol, order=order, seed=seed,
                                          weighting=weighting, token_counts=token_counts, progress=bar)
     elif method == "activation":
         from .activation import activation_matching
 
-        spec, pa, pb = params_pair(model_a, model_b, "canonical")
+        spec, pa, pb = params_pair(model_a, model_b, "canonical", dtype=dtype)
         bar = _progress(progress, "activation statistics")
         elements, info = activation_matching(spec, pa, pb, reiterable(data), max_batches=max_batches, progress=bar)
     else:
@@ -101,4 +110,9 @@ def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_ba
         return learned_matching(model_a, model_b, data, seed=seed, progress=progress, **learned_kw)
     if bar is not None:
         bar.close()
+    if dtype != torch.float64:  # solved in float32: the nearest exact group elements, in float64
+        from ..symmetry import elements as E
+
+        elements = {n: E.snap(g, elements[n]) for n, g in spec.groups.items()}
+        info["dtype"] = str(dtype).removeprefix("torch.")
     return Alignment(spec, elements, info)

@@ -39,11 +39,11 @@ def spec_for(arch: Arch, space: str, head_map: str = "orthogonal", heads: bool =
     raise ValueError(f"space must be 'canonical' or 'raw', got {space!r}")
 
 
-def prepare_params(spec: Spec, arch: Arch, params: dict) -> dict:
-    """Float64 parameters in the space the spec acts on."""
+def prepare_params(spec: Spec, arch: Arch, params: dict, dtype=torch.float64) -> dict:
+    """Parameters in the space the spec acts on, in `dtype` (float64 unless asked otherwise)."""
     if spec.space == "canonical":
-        return canonical_params(arch, params)
-    return {k: v.detach().to(torch.float64) for k, v in params.items()}
+        return canonical_params(arch, params, dtype)
+    return {k: v.detach().to(dtype, copy=True) for k, v in params.items()}
 
 
 class Alignment:

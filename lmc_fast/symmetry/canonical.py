@@ -21,18 +21,28 @@ from .spec import norm_readers, residual_writers
 GAMMA_TOLERANCE = 1e-6
 
 
-def canonical_params(arch: Arch, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    p = {k: v.detach().to(torch.float64).clone() for k, v in params.items()}
+def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.float64) -> dict[str, torch.Tensor]:
+    """The canonical parameters in `dtype` (float64 by default). Each tensor is transformed in
+    float64 and stored in `dtype` as soon as it is done, so float32 results cost one float32 copy
+    of the model plus one tensor's float64 scratch (what a 1B model on a laptop needs)."""
+    p = {k: v.detach() for k, v in params.items()}
+    d64 = lambda name: p[name].to(torch.float64)  # noqa: E731 - a float64 working copy of one tensor
+    done = set()
+
+    def store(name: str, value: torch.Tensor) -> None:
+        p[name] = value.to(dtype)
+        done.add(name)
+
     for norm, readers in norm_readers(arch).items():
-        gamma = p[norm + ".weight"]
-        beta = p.get(norm + ".bias")
+        gamma = d64(norm + ".weight")
+        beta = d64(norm + ".bias") if norm + ".bias" in p else None
         # a reader without a bias (GPT-2's LM head) cannot absorb beta: keep it as c = beta / gamma
         keep_shift = beta is not None and any(r + ".bias" not in p for r in readers)
         for r in readers:
-            W = p[r + ".weight"]
+            W = d64(r + ".weight")
             if beta is not None and not keep_shift:
-                p[r + ".bias"] = p[r + ".bias"] + W @ beta
-            p[r + ".weight"] = W * gamma
+                store(r + ".bias", d64(r + ".bias") + W @ beta)
+            store(r + ".weight", W * gamma)
         if keep_shift:
             small = gamma.abs() <= GAMMA_TOLERANCE * gamma.abs().max()
             if (small & (beta != 0)).any():
@@ -40,24 +50,25 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor]) -> dict[str, t
                     f"norm {norm!r}: weight (gamma) is near zero at {int(small.sum())} positions where its bias is "
                     "not, so the canonical norm bias beta / gamma is unstable"
                 )
-            p[norm + ".bias"] = torch.where(small, torch.zeros_like(beta), beta / gamma)
+            store(norm + ".bias", torch.where(small, torch.zeros_like(beta), beta / gamma))
         elif beta is not None:
-            p[norm + ".bias"] = torch.zeros_like(beta)
-        p[norm + ".weight"] = torch.ones_like(gamma)
+            store(norm + ".bias", torch.zeros_like(beta))
+        store(norm + ".weight", torch.ones_like(gamma))
     for l in range(arch.n_layer):
         b = f"blocks.{l}.attn."
         if b + "v.bias" in p and b + "o.bias" in p:
             # each query head h reads value head h // group_size: expand b_V to the query heads
-            b_v = p[b + "v.bias"].reshape(arch.n_kv_head, 1, arch.head_dim).expand(-1, arch.group_size, -1)
-            p[b + "o.bias"] = p[b + "o.bias"] + p[b + "o.weight"] @ b_v.reshape(-1)
-            p[b + "v.bias"] = torch.zeros_like(p[b + "v.bias"])
+            b_v = d64(b + "v.bias").reshape(arch.n_kv_head, 1, arch.head_dim).expand(-1, arch.group_size, -1)
+            store(b + "o.bias", d64(b + "o.bias") + d64(b + "o.weight") @ b_v.reshape(-1))
+            store(b + "v.bias", torch.zeros_like(b_v[:, 0].reshape(-1)))
         if b + "k.bias" in p and not arch.rotary:
-            p[b + "k.bias"] = torch.zeros_like(p[b + "k.bias"])
+            store(b + "k.bias", torch.zeros_like(d64(b + "k.bias")))
     if arch.norm == "layernorm":
         for name, axis in residual_writers(arch):
-            W = p[name]
-            p[name] = W - W.mean(dim=axis, keepdim=True)
-    return p
+            W = d64(name)
+            store(name, W - W.mean(dim=axis, keepdim=True))
+    # the rest unchanged, as copies (the result never shares memory with `params`)
+    return {k: (v if k in done else v.to(dtype, copy=True)) for k, v in p.items()}
 
 
 def to_canonical(model):
