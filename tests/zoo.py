@@ -8,7 +8,12 @@ import torch
 
 import lmc_fast as lf
 
-KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit")
+#: every supported class; the LLaMA family as grouped-query (llama, hf_llama: 4 heads, 2 key / value heads)
+#: and multi-query attention with q/k/v biases (hf_qwen2)
+KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2")
+#: Hugging Face's RMSNorm and rotary tables compute in float32 even in a float64 model: their logits move
+#: ~1e-7 under an exact symmetry, so equalities there hold to 1e-5, not to float64 rounding
+HF_FP32_INSIDE = ("hf_llama", "hf_qwen2")
 
 
 def _perturb(model, seed):
@@ -37,6 +42,24 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             m = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "llama":
+        kv = 2 if n_head % 2 == 0 else 1
+        m = lf.models.Llama(lf.models.LlamaConfig(n_layer=n_layer, d_model=d, n_head=n_head, n_kv_head=kv, d_mlp=d_mlp,
+                                                  vocab_size=vocab, block_size=block))
+    elif kind in ("hf_llama", "hf_qwen2"):
+        import transformers
+
+        common = dict(num_hidden_layers=n_layer, hidden_size=d, num_attention_heads=n_head, intermediate_size=d_mlp,
+                      vocab_size=vocab, max_position_embeddings=block, bos_token_id=0, eos_token_id=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if kind == "hf_llama":
+                kv = 2 if n_head % 2 == 0 else 1
+                m = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=kv,
+                                                                           tie_word_embeddings=True, **common))
+            else:
+                m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=1,
+                                                                           tie_word_embeddings=False, **common))
     elif kind == "hf_vit":
         import transformers
 
@@ -60,6 +83,11 @@ def logits(model, x):
     from lmc_fast.models.adapters import adapter_for
 
     return adapter_for(model).logits(model, x)
+
+
+def tolerance(kind: str, exact: float) -> float:
+    """`exact` (float64 rounding), or 1e-5 for the models that compute parts in float32 (HF_FP32_INSIDE)."""
+    return max(exact, 1e-5) if kind in HF_FP32_INSIDE else exact
 
 
 def rel_err(a, b):
