@@ -190,3 +190,27 @@ def test_float32_matching_recovers_the_planted_element(kind, method, spec_fn):
     assert rel_err(logits(al.apply(b), make_inputs(kind)), logits(a, make_inputs(kind))) < 1e-4
     with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
         lf.align(a, b, method, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("kind", ["vit", "gpt2", "hf_vit"])
+def test_models_without_qkv_biases(kind):
+    """q / k / v without biases (HF ViTConfig(qkv_bias=False), our configs' qkv_bias=False): the canonical
+    form keeps ln1's shift as a norm bias, and every method recovers a planted symmetry."""
+    a = make_model(kind, seed=25, qkv_bias=False)
+    arch, raw = standard_params(a)
+    assert not arch.qkv_bias and "blocks.0.attn.q.bias" not in raw
+    x = make_inputs(kind)
+    c = lf.to_canonical(a)
+    assert rel_err(logits(c, x), logits(a, x)) < 1e-10
+    _, cp = standard_params(c)
+    assert cp["blocks.0.ln1.bias"].abs().max() > 0.01  # beta / gamma, nowhere else to go
+    for spec_fn, method in ((canonical_spec, "weight"), (permutation_spec, "permutation")):
+        truth = Alignment.random(spec_fn(arch), seed=26)
+        b = truth.apply(a)
+        assert rel_err(logits(b, x), logits(a, x)) < 1e-9
+        al = lf.align(a, b, method)
+        inv = truth.inverse()
+        for name in al.spec.groups:
+            if "perm" in inv[name]:
+                assert torch.equal(al[name]["perm"], inv[name]["perm"]), (method, name)
+        assert rel_err(logits(al.apply(b), x), logits(a, x)) < 1e-9

@@ -26,14 +26,15 @@ def _perturb(model, seed):
 
 
 def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32, n_head=4, d_mlp=48,
-               norm="layernorm", vocab=37, block=12):
+               norm="layernorm", vocab=37, block=12, qkv_bias=True):
     torch.manual_seed(seed)
     if kind == "vit":
         m = lf.models.ViT(lf.models.ViTConfig(image_size=8, patch_size=4, channels=3, num_classes=5, d_model=d,
-                                              n_layer=n_layer, n_head=n_head, d_mlp=d_mlp, norm=norm))
+                                              n_layer=n_layer, n_head=n_head, d_mlp=d_mlp, norm=norm,
+                                              qkv_bias=qkv_bias))
     elif kind == "gpt2":
         m = lf.models.GPT2(lf.models.GPT2Config(n_layer=n_layer, n_embd=d, n_head=n_head, vocab_size=vocab,
-                                                block_size=block, d_mlp=d_mlp, norm=norm))
+                                                block_size=block, d_mlp=d_mlp, norm=norm, qkv_bias=qkv_bias))
     elif kind == "hf_gpt2":
         import transformers
 
@@ -65,7 +66,7 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
 
         cfg = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=d,
                                      num_hidden_layers=n_layer, num_attention_heads=n_head, intermediate_size=d_mlp,
-                                     num_labels=5)
+                                     num_labels=5, qkv_bias=qkv_bias)
         m = transformers.ViTForImageClassification(cfg)
     else:
         raise ValueError(kind)

@@ -95,7 +95,8 @@ def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
 class RefViTAdapter(Adapter):
     def arch(self, model):
         c = model.config
-        return Arch("vit", c.n_layer, c.d_model, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
+        return Arch("vit", c.n_layer, c.d_model, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
+                    qkv_bias=c.qkv_bias)
 
     def config_fields(self, model):
         return asdict(model.config)
@@ -115,7 +116,8 @@ class RefViTAdapter(Adapter):
 class RefGPT2Adapter(Adapter):
     def arch(self, model):
         c = model.config
-        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation)
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
+                    qkv_bias=c.qkv_bias)
 
     def config_fields(self, model):
         # tied or not is free: standard parameters always hold lm_head.weight, and build()
@@ -292,15 +294,14 @@ class HFViTAdapter(Adapter):
 
     def arch(self, model):
         c = model.config
-        if not getattr(c, "qkv_bias", True):
-            raise UnsupportedModelError("ViTForImageClassification with qkv_bias=False: the canonical form needs q/k/v biases")
         if c.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
             raise UnsupportedModelError(f"ViTForImageClassification hidden_act={c.hidden_act!r} is not supported")
         if getattr(model.vit, "pooler", None) is not None:
             raise UnsupportedModelError("ViT pooler module cannot be mapped (build ViTForImageClassification without it)")
         act = "gelu" if c.hidden_act == "gelu" else "gelu_tanh"
+        # qkv_bias=False: the norm's shift cannot fold into q / k / v, the canonical form keeps it as beta / gamma
         return Arch("vit", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size,
-                    "layernorm", c.layer_norm_eps, act)
+                    "layernorm", c.layer_norm_eps, act, qkv_bias=bool(getattr(c, "qkv_bias", True)))
 
     FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "layer_norm_eps",
               "hidden_act", "image_size", "patch_size", "num_channels", "num_labels", "qkv_bias")
@@ -324,7 +325,8 @@ class HFViTAdapter(Adapter):
         for l in range(model.config.num_hidden_layers):
             for ours, theirs in names.items():
                 for t in ("weight", "bias"):
-                    p[f"blocks.{l}.{ours}.{t}"] = sd[f"{prefix}{l}.{theirs}.{t}"]
+                    if f"{prefix}{l}.{theirs}.{t}" in sd:  # q / k / v biases only with qkv_bias
+                        p[f"blocks.{l}.{ours}.{t}"] = sd[f"{prefix}{l}.{theirs}.{t}"]
         for t in ("weight", "bias"):
             p[f"ln_f.{t}"], p[f"head.{t}"] = sd[f"vit.layernorm.{t}"], sd[f"classifier.{t}"]
         return p
@@ -341,7 +343,8 @@ class HFViTAdapter(Adapter):
         for l in range(model.config.num_hidden_layers):
             for ours, theirs in names.items():
                 for t in ("weight", "bias"):
-                    sd[f"{prefix}{l}.{theirs}.{t}"] = params[f"blocks.{l}.{ours}.{t}"]
+                    if f"blocks.{l}.{ours}.{t}" in params:
+                        sd[f"{prefix}{l}.{theirs}.{t}"] = params[f"blocks.{l}.{ours}.{t}"]
         for t in ("weight", "bias"):
             sd[f"vit.layernorm.{t}"], sd[f"classifier.{t}"] = params[f"ln_f.{t}"], params[f"head.{t}"]
         return _load(model, sd)

@@ -49,9 +49,9 @@ def norm_param_count(d: int, norm: str) -> int:
     return 2 * d if norm == "layernorm" else d
 
 
-def block_param_count(d: int, d_mlp: int, norm: str) -> int:
-    """Parameters of one `Block`: q, k, v, o (with biases), the MLP, two norms."""
-    return 4 * (d * d + d) + (d * d_mlp + d_mlp) + (d_mlp * d + d) + 2 * norm_param_count(d, norm)
+def block_param_count(d: int, d_mlp: int, norm: str, qkv_bias: bool = True) -> int:
+    """Parameters of one `Block`: q, k, v, o (with biases; q/k/v's only with qkv_bias), the MLP, two norms."""
+    return 4 * d * d + (4 if qkv_bias else 1) * d + (d * d_mlp + d_mlp) + (d_mlp * d + d) + 2 * norm_param_count(d, norm)
 
 
 def require_param_limit(owner: str, count: int, sizes: str) -> None:
@@ -79,12 +79,13 @@ class Norm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, d: int, n_head: int, causal: bool):
+    def __init__(self, d: int, n_head: int, causal: bool, qkv_bias: bool = True):
         super().__init__()
         if d % n_head:
             raise ValueError(f"width {d} is not divisible by n_head {n_head}")
         self.n_head, self.causal = n_head, causal
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.q, self.k, self.v = (nn.Linear(d, d, bias=qkv_bias) for _ in range(3))
+        self.o = nn.Linear(d, d)
 
     def forward(self, x):
         B, T, d = x.shape
@@ -110,10 +111,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d, n_head, d_mlp, *, norm, eps, activation, causal):
+    def __init__(self, d, n_head, d_mlp, *, norm, eps, activation, causal, qkv_bias=True):
         super().__init__()
         self.ln1, self.ln2 = Norm(d, norm, eps), Norm(d, norm, eps)
-        self.attn = Attention(d, n_head, causal)
+        self.attn = Attention(d, n_head, causal, qkv_bias)
         self.mlp = MLP(d, d_mlp, activation)
 
     def forward(self, x):

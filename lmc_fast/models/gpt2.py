@@ -24,6 +24,7 @@ class GPT2Config:
     norm: str = "layernorm"
     eps: float = 1e-5
     activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
+    qkv_bias: bool = True  # False: q, k, v without biases (the canonical form keeps ln1's shift as a norm bias)
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
@@ -37,6 +38,8 @@ class GPT2Config:
         require_choice("GPT2Config", "norm", self.norm, NORMS)
         require_choice("GPT2Config", "activation", self.activation, ACTIVATIONS)
         require_eps("GPT2Config", self.eps)
+        if not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"GPT2Config.qkv_bias must be true or false, got {self.qkv_bias!r}")
         require_param_limit("GPT2Config", self.param_count(),
                             f"n_layer={self.n_layer}, n_embd={self.n_embd}, d_mlp={self.d_mlp}, "
                             f"vocab_size={self.vocab_size}, block_size={self.block_size}")
@@ -46,7 +49,7 @@ class GPT2Config:
         d = self.n_embd
         embed = self.vocab_size * d + self.block_size * d
         head = norm_param_count(d, self.norm) + (0 if self.tie_word_embeddings else self.vocab_size * d)
-        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm) + head
+        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm, self.qkv_bias) + head
 
     @classmethod
     def paper(cls, **overrides) -> "GPT2Config":
@@ -65,7 +68,8 @@ class GPT2(nn.Module):
         self.tok_embed = nn.Embedding(c.vocab_size, c.n_embd)
         self.pos_embed = nn.Parameter(torch.zeros(c.block_size, c.n_embd))
         self.blocks = nn.ModuleList(
-            Block(c.n_embd, c.n_head, c.d_mlp, norm=c.norm, eps=c.eps, activation=c.activation, causal=True)
+            Block(c.n_embd, c.n_head, c.d_mlp, norm=c.norm, eps=c.eps, activation=c.activation, causal=True,
+                  qkv_bias=c.qkv_bias)
             for _ in range(c.n_layer)
         )
         self.ln_f = Norm(c.n_embd, c.norm, c.eps)

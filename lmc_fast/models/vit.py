@@ -25,6 +25,7 @@ class ViTConfig:
     norm: str = "layernorm"
     eps: float = 1e-5
     activation: str = "gelu"
+    qkv_bias: bool = True  # False: q, k, v without biases (the canonical form keeps ln1's shift as a norm bias)
 
     @classmethod
     def paper(cls, **overrides) -> "ViTConfig":
@@ -61,6 +62,8 @@ class ViTConfig:
         require_choice("ViTConfig", "norm", self.norm, NORMS)
         require_choice("ViTConfig", "activation", self.activation, ACTIVATIONS)
         require_eps("ViTConfig", self.eps)
+        if not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"ViTConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
         require_param_limit("ViTConfig", self.param_count(),
                             f"n_layer={self.n_layer}, d_model={self.d_model}, d_mlp={self.d_mlp}, "
                             f"image_size={self.image_size}, patch_size={self.patch_size}")
@@ -70,7 +73,7 @@ class ViTConfig:
         d, patch_in = self.d_model, self.channels * self.patch_size**2
         embed = patch_in * d + d + d + (self.n_patches + 1) * d  # patch_embed, cls_token, pos_embed
         head = norm_param_count(d, self.norm) + d * self.num_classes + self.num_classes
-        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm) + head
+        return embed + self.n_layer * block_param_count(d, self.d_mlp, self.norm, self.qkv_bias) + head
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +94,8 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(c.d_model))
         self.pos_embed = nn.Parameter(torch.zeros(c.n_patches + 1, c.d_model))
         self.blocks = nn.ModuleList(
-            Block(c.d_model, c.n_head, c.d_mlp, norm=c.norm, eps=c.eps, activation=c.activation, causal=False)
+            Block(c.d_model, c.n_head, c.d_mlp, norm=c.norm, eps=c.eps, activation=c.activation, causal=False,
+                  qkv_bias=c.qkv_bias)
             for _ in range(c.n_layer)
         )
         self.ln_f = Norm(c.d_model, c.norm, c.eps)
