@@ -82,7 +82,7 @@ def test_align_sweep_plot(runs, capsys, tmp_path):
     learned = json.loads((tmp_path / "l.align.json").read_text())["info"]
     assert rc == 0 and learned["target"] == "endpoints" and learned["lam"] == "uniform" and "Mixup" in learned["augment"]
     rc, _, err = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "2", "--max-batches", "3",
-                     "--augment", "mixup", "--out", tmp_path / "bad.safetensors", "-q")
+                     "--preset", "paper", "--augment", "mixup", "--out", tmp_path / "bad.safetensors", "-q")
     assert rc == 2 and "target='endpoints'" in err and not (tmp_path / "bad.safetensors").exists()
 
     rc, out, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "w.safetensors", "--lambdas", "5",

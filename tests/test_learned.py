@@ -179,7 +179,7 @@ def test_endpoint_target_with_mixup_learns_a_function_preserving_alignment():
     x = make_inputs("vit", dtype=torch.float32)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
     with pytest.raises(ValueError, match="target='endpoints'"):
-        lf.align(a, b, "learned", data=data, steps=1, augment=Mixup(1.0))
+        lf.align(a, b, "learned", data=data, steps=1, target="labels", augment=Mixup(1.0))
     with pytest.raises(ValueError, match="target must be one of"):
         lf.align(a, b, "learned", data=data, steps=1, target="teacher")
 
@@ -249,3 +249,43 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
     assert before > 0.05 and after < 0.25 * before, (before, after)
     with pytest.raises(ValueError, match="init must be"):
         lf.LearnedAlignment(a, b, init="nonsense")
+
+
+def test_presets_fill_what_is_not_given():
+    """preset="default" (the settings that won on the median over trained pairs) and preset="paper" (the
+    paper's recipe, the earlier default); an explicit keyword wins over either; "auto" augmentation is
+    Mixup for images with the end-model target and nothing for labels or token ids."""
+    from lmc_fast.match.learned import PRESETS, preset_settings
+
+    a, b, data = _vit_pair_and_data(103, 104)
+    al = lf.align(a, b, "learned", data=data, steps=4, eval_every=2)
+    i = al.info
+    assert (i["preset"], i["lr"], i["lam"], i["target"], i["val_fraction"]) == ("default", 1e-2, "uniform", "endpoints", 0.2)
+    assert "Mixup" in i["augment"]
+    paper = lf.align(a, b, "learned", data=data, preset="paper", steps=4, eval_every=2).info
+    assert (paper["lr"], paper["lam"], paper["lambdas_per_step"], paper["target"], paper["augment"]) == \
+        (3e-3, "narrow", 4, "labels", None)
+    assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
+    assert lf.align(a, b, "learned", data=data, steps=2, eval_every=2, augment=None).info["augment"] is None
+    assert set(PRESETS) == {"default", "paper"} and preset_settings("paper", steps=7)["steps"] == 7
+    with pytest.raises(ValueError, match="preset must be one of"):
+        lf.align(a, b, "learned", data=data, preset="fast")
+    g1, g2 = make_model("gpt2", seed=1, dtype=torch.float32), make_model("gpt2", seed=2, dtype=torch.float32)
+    tokens = [(make_inputs("gpt2", seed=s), make_inputs("gpt2", seed=s + 50)) for s in range(6)]
+    assert lf.align(g1, g2, "learned", data=tokens, steps=2, eval_every=2).info["augment"] is None
+
+
+def test_optimiser_options_warmup_clip_and_weight_decay():
+    """The authors' optimiser (AdamW, weight decay 0.01, 5% warm-up, gradient clip 1) as options; bad
+    values are one line each."""
+    from lmc_fast.match.learned import _lr_factor
+
+    assert [round(_lr_factor(s, 100, 0.05), 6) for s in (0, 4, 5)] == [0.2, 1.0, 1.0]
+    assert _lr_factor(100, 100, 0.05) == 0.0 and _lr_factor(0, 100, 0.0) == 1.0
+    a, b, data = _vit_pair_and_data(105, 106)
+    info = lf.align(a, b, "learned", data=data, steps=4, eval_every=2, weight_decay=0.01, warmup=0.05, clip=1.0).info
+    assert (info["weight_decay"], info["warmup"], info["clip"]) == (0.01, 0.05, 1.0)
+    for bad, message in ((dict(weight_decay=-1), "weight_decay must be"), (dict(warmup=1.5), "warmup"),
+                         (dict(clip=0), "clip")):
+        with pytest.raises(ValueError, match=message):
+            lf.align(a, b, "learned", data=data, steps=2, **bad)

@@ -12,7 +12,11 @@ from .data import batches, data_paths, model_data
 from .models import load
 from .outputs import Outputs, now
 
-AUGMENTATIONS = {"none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1), "noise": ("GaussianNoise", 0.1)}
+#: --augment names -> (class in lmc_fast.data.augment, its argument); "auto" is learned matching's own
+#: choice (Mixup for images with the end-model target, nothing otherwise)
+AUGMENTATIONS = {"auto": "auto", "none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1),
+                 "noise": ("GaussianNoise", 0.1)}
+PRESETS = ("default", "paper")  # as lmc_fast.match.learned.PRESETS (not imported: that loads torch)
 
 
 def register(subparsers, parents):
@@ -20,16 +24,23 @@ def register(subparsers, parents):
     model_pair(a)
     a.add_argument("--method", default="weight", choices=ALIGN_METHODS,
                    help="matching method")
-    a.add_argument("--steps", type=positive_int, default=1000, help="learned matching: Adam steps")
-    a.add_argument("--lr", type=finite_positive_float, default=3e-3, help="learned matching: Adam learning rate")
-    a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default="narrow",
-                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5")
-    a.add_argument("--target", choices=["labels", "endpoints"], default="labels",
-                   help="learned matching: fit the labels, or the same mixture of the end models' predictions")
+    a.add_argument("--preset", choices=PRESETS, default="default",
+                   help="learned matching: the settings the options below leave unset: 'default' (end-model targets, "
+                        "Mixup on images, lambda ~ U[0, 1], lr 1e-2: best on the median over trained pairs) or "
+                        "'paper' (task loss, lambda ~ U[0.4, 0.6], lr 3e-3)")
+    a.add_argument("--steps", type=positive_int, default=None, help="learned matching: Adam steps (default: the preset's, 1000)")
+    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, 1e-2 or paper 3e-3)")
+    a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default=None,
+                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5 (default: the preset's, "
+                        "uniform or paper narrow)")
+    a.add_argument("--target", choices=["labels", "endpoints"], default=None,
+                   help="learned matching: fit the labels, or the same mixture of the end models' predictions "
+                        "(default: the preset's, endpoints or paper labels)")
     a.add_argument("--temperature", type=finite_positive_float, default=1.0,
                    help="learned matching: softens --target endpoints")
-    a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default="none",
-                   help="learned matching: input augmentation (mixup needs --target endpoints; images only)")
+    a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default=None,
+                   help="learned matching: input augmentation (mixup needs --target endpoints; images only; "
+                        "auto: mixup for images with --target endpoints; default: the preset's, auto or paper none)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
     data_options(a, "training batch size for activation / learned matching (default 64)")
 
@@ -39,7 +50,9 @@ def _augmentation(name: str):
     from ..data import augment
 
     spec = AUGMENTATIONS[name]
-    return None if spec is None else getattr(augment, spec[0])(spec[1])
+    if spec is None or spec == "auto":
+        return spec
+    return getattr(augment, spec[0])(spec[1])
 
 
 def align_summary_path(out) -> Path:
@@ -71,8 +84,10 @@ def run(args, con: Console) -> int:
         if args.method == "activation":
             kw["max_batches"] = args.max_batches
         else:
-            kw.update(steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
-                      temperature=args.temperature, augment=_augmentation(args.augment))
+            kw.update(preset=args.preset, steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
+                      temperature=args.temperature)
+            if args.augment is not None:
+                kw["augment"] = _augmentation(args.augment)
     con.log(f"aligning {args.b} onto {args.a} with {args.method} matching")
     t0 = time.perf_counter()
     al = lf.align(a, b, args.method, progress=not args.quiet, seed=args.seed, **kw)

@@ -57,7 +57,7 @@ def _align_options(method: str, options: dict) -> dict:
         from ..data import augment
 
         kind = AUGMENTATIONS[opts["augment"]]  # a known name: checked with the spec
-        opts["augment"] = None if kind is None else getattr(augment, kind[0])(kind[1])
+        opts["augment"] = kind if kind in (None, "auto") else getattr(augment, kind[0])(kind[1])
     return opts
 
 

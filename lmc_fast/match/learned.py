@@ -111,11 +111,32 @@ def _check_checkpointing(checkpoint, every, eval_every) -> int | None:
     return every
 
 
+def _lr_factor(step: int, steps: int, warmup: float) -> float:
+    """Linear warm-up over the first `warmup` fraction of the steps, then cosine decay to zero."""
+    w = int(round(warmup * steps))
+    if step < w:
+        return (step + 1) / w
+    return 0.5 * (1 + math.cos(math.pi * min(step - w, steps - w) / max(steps - w, 1)))
+
+
+def _check_optimiser(weight_decay, warmup, clip) -> None:
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
+        raise ValueError(f"weight_decay must be a number in [0, 1), got {weight_decay!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
+        raise ValueError(f"warmup (a fraction of the steps) must be in [0, 1), got {warmup!r}")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not math.isfinite(clip) or clip <= 0):
+        raise ValueError(f"clip (the gradients' max norm) must be a number > 0 or None, got {clip!r}")
+
+
 def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, lam="narrow", alpha=1.0,
                    lambdas_per_step=4, eval_every=50, patience=6, seed=0, target="labels", temperature=1.0,
-                   augment=None, progress=False, checkpoint=None, checkpoint_every=None):
-    """The learned-matching loop over a `MixedAlignments` (e.g. a `LearnedAlignment`): Adam on
-    the latents that require grad, cosine schedule, early stopping on the validation barrier.
+                   augment=None, weight_decay=0.0, warmup=0.0, clip=None, progress=False, checkpoint=None,
+                   checkpoint_every=None):
+    """The learned-matching loop over a `MixedAlignments` (e.g. a `LearnedAlignment`): Adam (AdamW
+    with `weight_decay` > 0) on the latents that require grad, cosine schedule after a linear
+    `warmup` (a fraction of the steps), gradients clipped to norm `clip` (None: not clipped),
+    early stopping on the validation barrier; the best validation state is returned.
 
     target="labels": the task loss of each mixture. target="endpoints": cross-entropy against
     the same mixture of the end models' predictive distributions (a distillation target, which
@@ -127,6 +148,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     Returns (best hard elements per model after the first, info).
     """
     _check_target(target, augment)
+    _check_optimiser(weight_decay, warmup, clip)
     checkpoint_every = _check_checkpointing(checkpoint, checkpoint_every, eval_every)
     spec, arch, params_list, learn = module.spec, module.arch, module.params_list, module.learn
     N = module.n_models
@@ -143,8 +165,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     dtype, device = first.dtype, first.device
     stacked_ends = Fn.stack(fixed) if target == "endpoints" else None
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    opt = (torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if weight_decay > 0
+           else torch.optim.Adam(params, lr=lr))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup))
     mixes = [[1.0 - l, l] for l in (0.25, 0.5, 0.75)] if N == 2 else [[1.0 / N] * N]
     evals = EvalOptions(dtype=dtype, device=device)  # the validation sweeps: local, the module's dtype and device
     own = torch.tensor([r["loss"] for r in evaluate_mixtures(arch, params_list, torch.eye(N, dtype=torch.float64),
@@ -160,6 +183,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         options = {"steps": steps, "lr": lr, "lam": lam, "alpha": alpha, "lambdas_per_step": lambdas_per_step,
                    "eval_every": eval_every, "patience": patience, "seed": seed, "target": target,
                    "temperature": temperature, "augment": None if augment is None else repr(augment)}
+        if weight_decay or warmup or clip is not None:  # (absent at their defaults: older checkpoints still resume)
+            options.update(weight_decay=weight_decay, warmup=warmup, clip=clip)
         key = learned_checkpoint.input_key(module, train, val, options)
     resumed = None if checkpoint is None else learned_checkpoint.load(checkpoint, key, module, opt, sched, gen)
     if resumed is None:
@@ -207,6 +232,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         if learns:
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
         sched.step()
         stop = False
@@ -233,29 +260,88 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     info = {"method": "learned", "steps": step, "best_step": best[1], "val_barrier": best[0],
             "val_history": history, "seconds": seconds, "steps_per_second": step / seconds,
             "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn, "target": target,
+            "weight_decay": weight_decay, "warmup": warmup, "clip": clip,
             "temperature": temperature,
             "augment": None if augment is None else repr(augment)}
     return best[2], info
 
 
-def learned_matching(model_a, model_b, data, *, steps: int = 1000, lr: float = 3e-3, lam="narrow",
-                     lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
+#: Learned matching's settings by preset; a keyword given explicitly overrides its preset's value.
+#: "default": what won on the median barrier over independently trained pairs of every setting
+#: (bench/grids/table1_*.toml: end-model targets, Mixup on images, lambda ~ U[0, 1], lr 1e-2);
+#: "paper": the paper's recipe (task loss, lambda ~ U[0.4, 0.6], lr 3e-3), the earlier default.
+PRESETS = {
+    "default": dict(steps=1000, lr=1e-2, lam="uniform", lambdas_per_step=2, val_fraction=0.2, eval_every=100,
+                    patience=6, target="endpoints", augment="auto", weight_decay=0.0, warmup=0.0, clip=None),
+    "paper": dict(steps=1000, lr=3e-3, lam="narrow", lambdas_per_step=4, val_fraction=0.1, eval_every=50,
+                  patience=6, target="labels", augment=None, weight_decay=0.0, warmup=0.0, clip=None),
+}
+
+
+def preset_settings(preset: str, **given) -> dict:
+    """The preset's settings with every non-None keyword of `given` in its place."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    unknown = sorted(set(given) - set(PRESETS[preset]))
+    if unknown:
+        raise ValueError(f"not a learned-matching setting: {unknown}")
+    return {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
+
+
+def auto_augment(augment, target: str, data):
+    """augment="auto": Mixup(1.0) for images with the end-model target (labels do not describe
+    blended images), nothing for token ids or with target="labels"; "none": nothing; else as given."""
+    if isinstance(augment, str):
+        if augment == "none":
+            return None
+        if augment != "auto":
+            raise ValueError(f"augment must be 'auto', 'none', None or an augmentation object, got {augment!r}")
+        x = data[0][0] if data else None
+        images = isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4
+        if not (images and target == "endpoints"):
+            return None
+        from ..data.augment import Mixup
+
+        return Mixup(1.0)
+    return augment
+
+
+def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: int | None = None,
+                     lr: float | None = None, lam=None, lambdas_per_step: int | None = None,
+                     val_fraction: float | None = None, eval_every: int | None = None, patience: int | None = None,
                      head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
-                     target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0, device=None,
-                     progress: bool = False, checkpoint=None, checkpoint_every: int | None = None) -> Alignment:
+                     target: str | None = None, temperature: float = 1.0, augment="preset",
+                     weight_decay: float | None = None, warmup: float | None = None, clip: float | None = None,
+                     seed: int = 0, device=None, progress: bool = False, checkpoint=None,
+                     checkpoint_every: int | None = None) -> Alignment:
     """`lf.align(a, b, method="learned", data=...)`: the alignment maps B onto A.
-    checkpoint=PATH, checkpoint_every=N: resumable, see `fit_alignments`."""
-    train, val = split_batches(data, val_fraction)
+
+    Settings left unset come from `preset` (PRESETS: "default" | "paper"). augment: "auto" (Mixup for
+    images with target "endpoints"), None / "none", or an object from lmc_fast.data.augment.
+    weight_decay (AdamW when > 0), warmup (a fraction of the steps before the cosine decay) and
+    clip (the gradients' max norm) are the optimiser's. checkpoint=PATH, checkpoint_every=N:
+    resumable, see `fit_alignments`."""
+    given = dict(steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
+                 eval_every=eval_every, patience=patience, target=target, weight_decay=weight_decay, warmup=warmup,
+                 clip=clip, augment=None if augment == "preset" else augment)
+    o = preset_settings(preset, **given)
+    if augment is None:  # an explicit None: no augmentation, whatever the preset says
+        o["augment"] = None
+    train, val = split_batches(data, o["val_fraction"])
     if learn not in LEARN_MODES:
         raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
-    _check_target(target, augment)
+    o["augment"] = auto_augment(o["augment"], o["target"], train)
+    _check_target(o["target"], o["augment"])
     module = LearnedAlignment(model_a, model_b, "weight" if init is None else init, head_map=head_map, learn=learn,
                               device=device, seed=seed)
-    hard, info = fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step,
-                                eval_every=eval_every, patience=patience, seed=seed, target=target,
-                                temperature=temperature, augment=augment, progress=progress,
-                                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    hard, info = fit_alignments(module, train, val, steps=o["steps"], lr=o["lr"], lam=o["lam"],
+                                lambdas_per_step=o["lambdas_per_step"], eval_every=o["eval_every"],
+                                patience=o["patience"], seed=seed, target=o["target"], temperature=temperature,
+                                augment=o["augment"], weight_decay=o["weight_decay"], warmup=o["warmup"],
+                                clip=o["clip"], progress=progress, checkpoint=checkpoint,
+                                checkpoint_every=checkpoint_every)
     info["init"] = "weight" if init is None else init.info.get("method", "weight")
+    info["preset"], info["val_fraction"] = preset, o["val_fraction"]
     return exact_alignment(module.spec, hard[0], info)
 
 

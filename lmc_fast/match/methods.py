@@ -24,8 +24,8 @@ class Method:
 
 
 _SOLVER = ("seed", "max_iter", "tol", "order")
-_LEARNED = ("steps", "lr", "lam", "lambdas_per_step", "val_fraction", "eval_every", "patience", "head_map", "learn",
-            "target", "temperature", "augment", "seed")
+_LEARNED = ("preset", "steps", "lr", "lam", "lambdas_per_step", "val_fraction", "eval_every", "patience", "head_map",
+            "learn", "target", "temperature", "augment", "weight_decay", "warmup", "clip", "seed")
 _ALL = (
     Method("none", False, "raw", False, "raw parameters, no alignment (the baseline every paper reports)"),
     Method("permutation", False, "raw", True,
