@@ -40,8 +40,7 @@ import torch
 from .atomic import (atomic_dir, atomic_file, commit, finite_json, folder_for_write, fsync_path, json_text,
                      remove_stale_temps, signals_deferred, staged, temp_folder, write_json, writing)
 from .errors import CheckpointError, CheckpointNotFoundError
-from .models import GPT2, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
-from .models.adapters import UnsupportedModelError, adapter_for
+from .models.adapters import HUGGING_FACE, REFERENCE, UnsupportedModelError, adapter_for, reference_model_type
 from .numerics import all_finite
 
 FORMAT = "lmc_fast.model/1"
@@ -51,10 +50,9 @@ HF_META = "lmc_fast_meta.json"  # our metadata beside a Hugging Face folder (ign
 HF_INDEX = "model.safetensors.index.json"
 HF_GENERATION = "generation_config.json"
 _HF_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
-_CLASSES = {"vit": (ViT, ViTConfig), "gpt2": (GPT2, GPT2Config), "llama": (Llama, LlamaConfig)}
-_TIED_CONFIGS = (GPT2Config, LlamaConfig)  # configs with tie_word_embeddings: lm_head stored once
-_HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "vit": "ViTForImageClassification", "llama": "LlamaForCausalLM",
-               "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# the model registry (models/adapters.py): our model_type -> (model, config); HF model_type -> class name
+_CLASSES = {t: (model, config) for t, (model, config, _) in REFERENCE.items()}
+_HF_CLASSES = {t: name for t, (name, _) in HUGGING_FACE.items()}
 # the LLaMA family: one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
 _HF_LLAMA_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
                     "max_position_embeddings"), ("num_key_value_heads", "head_dim"),
@@ -139,12 +137,9 @@ def _hf_quiet():
 
 
 def _model_type(model) -> str:
-    if isinstance(model, ViT):
-        return "vit"
-    if isinstance(model, GPT2):
-        return "gpt2"
-    if isinstance(model, Llama):
-        return "llama"
+    kind = reference_model_type(model)
+    if kind is not None:
+        return kind
     adapter_for(model)  # raises UnsupportedModelError naming the class
     raise UnsupportedModelError(f"cannot save {type(model).__name__}")
 
@@ -191,7 +186,7 @@ def _tensors_to_save(model) -> dict:
         if ptr is not None:
             seen[ptr] = k
         out[k] = v.cpu().contiguous()
-    if isinstance(model, (GPT2, Llama)) and model.config.tie_word_embeddings:
+    if getattr(model.config, "tie_word_embeddings", False):
         out.pop("lm_head.weight", None)
     return out
 
@@ -459,7 +454,7 @@ def _load_ours(path: Path):
     header, where = _our_header(path, meta)
     cls, config = _our_config(header, where)
     _check_layer_count(where, "n_layer", config.n_layer, specs, weights)
-    tied = isinstance(config, _TIED_CONFIGS) and config.tie_word_embeddings
+    tied = bool(getattr(config, "tie_word_embeddings", False))  # lm_head stored once, re-tied here
     _check_dtypes(weights, specs)
     sizes = ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if type(v) is int)
     _check_tensors(weights, specs, _shapes(_meta_model(lambda: cls(config), where, f" ({sizes})")),

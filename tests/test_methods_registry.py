@@ -32,3 +32,16 @@ def test_cli_method_choices_come_from_the_registry_without_torch():
     assert align == merge == sorted(methods.ALIGN_METHODS)
     assert instability == sorted(m.name for m in methods.REGISTRY.values() if not m.needs_data)
     assert not torch_loaded
+
+
+def test_one_model_registry():
+    """`adapter_for`, io.py's checkpoint classes and the CLI's `train --model` read one registry."""
+    import lmc_fast.io as io
+    from lmc_fast.cli.train import MODEL_TYPES
+    from lmc_fast.models.adapters import HUGGING_FACE, REFERENCE, adapter_for
+
+    assert tuple(REFERENCE) == MODEL_TYPES
+    assert io._CLASSES == {t: (m, c) for t, (m, c, _) in REFERENCE.items()}
+    assert io._HF_CLASSES == {t: name for t, (name, _) in HUGGING_FACE.items()}
+    for _, (model_cls, config_cls, adapter) in REFERENCE.items():
+        assert type(adapter_for(model_cls(config_cls()))) is adapter

@@ -23,10 +23,9 @@ def _config_fields(model: str) -> dict:
     """{field name: type name} of the model's config dataclass."""
     import dataclasses
 
-    from ..models import GPT2Config, LlamaConfig, ViTConfig
+    from ..models.adapters import REFERENCE
 
-    cls = {"gpt2": GPT2Config, "llama": LlamaConfig}.get(model, ViTConfig)
-    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    return {f.name: str(f.type) for f in dataclasses.fields(REFERENCE[model][1])}
 
 
 def parse_overrides(items, model: str) -> dict:

@@ -10,9 +10,14 @@ from .models import overridden, parse_overrides
 from .outputs import Outputs, now
 
 
+#: the reference models `train` builds: the keys of lmc_fast.models.adapters.REFERENCE (not imported
+#: here: that loads torch; tests/test_methods_registry.py keeps the two equal)
+MODEL_TYPES = ("vit", "gpt2", "llama")
+
+
 def register(subparsers, parents):
     t = add_command(subparsers, "train", "train models from several seeds", parents)
-    t.add_argument("--model", choices=["vit", "gpt2", "llama"], default="vit",
+    t.add_argument("--model", choices=MODEL_TYPES, default="vit",
                    help="architecture (gpt2 and llama train on text)")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="one model per seed")
@@ -81,7 +86,7 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     import dataclasses
 
     from ..data.base import ImageDataset, TokenDataset
-    from ..models import GPT2, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
+    from ..models import GPT2Config, LlamaConfig, ViTConfig
     from ..recipes import recipe
 
     name, _ = split_spec(args.data)
@@ -121,7 +126,9 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
         hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     if is_text:
         cfg = dataclasses.replace(cfg, vocab_size=train_ds.vocab_size)
-    cls = {"gpt2": GPT2, "llama": Llama}.get(args.model, ViT)
+    from ..models.adapters import REFERENCE
+
+    cls = REFERENCE[args.model][0]
     if overrides:
         if args.model == "gpt2" and "n_embd" in overrides and "d_mlp" not in overrides:
             overrides["d_mlp"] = 4 * overrides["n_embd"]

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ..numerics import all_finite
-from .gpt2 import GPT2
-from .llama import Llama
-from .vit import ViT
+from .gpt2 import GPT2, GPT2Config
+from .llama import Llama, LlamaConfig
+from .vit import ViT, ViTConfig
 
 
 class UnsupportedModelError(TypeError):
@@ -27,8 +27,8 @@ class IncompatibleModelsError(ValueError):
     """Two models that cannot be combined: an architecture field differs."""
 
 
-# Arch moved to arch.py; re-exported here for the modules that import it from the adapters
-from .arch import ACTIVATIONS, FAMILIES, MAX_SIZE, NORMS, Arch  # noqa: E402,F401
+# Arch lives in arch.py; re-exported here for the modules that import it from the adapters
+from .arch import Arch  # noqa: E402
 
 
 class Adapter:
@@ -360,7 +360,8 @@ class HFLlamaAdapter(Adapter):
     sliding window on some layers (layer_types), Mistral has no biases and a sliding window."""
 
     mlp_width_field = "intermediate_size"
-    CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+    MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    CLASSES = tuple(MODEL_TYPES.values())
     # (theirs under model.layers.L., ours under blocks.L.)
     LAYER_NAMES = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"), ("self_attn.q_proj", "attn.q"),
                    ("self_attn.k_proj", "attn.k"), ("self_attn.v_proj", "attn.v"), ("self_attn.o_proj", "attn.o"),
@@ -479,27 +480,35 @@ class HFLlamaAdapter(Adapter):
         return model(input_ids=inputs).logits
 
 
+# ---------------------------------------------------------------- the one model registry
+#: our checkpoints' model_type -> (model class, config class, adapter): what `adapter_for`, `io` (save /
+#: load) and the CLI (`train --model`, `--config` fields) read. A new reference model is one entry here.
+REFERENCE = {"vit": (ViT, ViTConfig, RefViTAdapter), "gpt2": (GPT2, GPT2Config, RefGPT2Adapter),
+             "llama": (Llama, LlamaConfig, RefLlamaAdapter)}
+#: Hugging Face config.json model_type -> (transformers class name, adapter)
+HUGGING_FACE = {"gpt2": ("GPT2LMHeadModel", HFGPT2Adapter), "vit": ("ViTForImageClassification", HFViTAdapter),
+                **{t: (name, HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}
+
+
+def reference_model_type(model) -> str | None:
+    """Our model_type of a reference model ("vit", "gpt2", "llama"), None for any other object."""
+    return next((t for t, (cls, _, _) in REFERENCE.items() if type(model) is cls or isinstance(model, cls)), None)
+
+
 def adapter_for(model) -> Adapter:
     """The adapter for `model`, or a clear error naming what cannot be mapped."""
-    if isinstance(model, ViT):
-        return RefViTAdapter()
-    if isinstance(model, GPT2):
-        return RefGPT2Adapter()
-    if isinstance(model, Llama):
-        return RefLlamaAdapter()
+    kind = reference_model_type(model)
+    if kind is not None:
+        return REFERENCE[kind][2]()
     cls = type(model)
     if cls.__module__.startswith("transformers"):
-        if isinstance(model, _hf_class("GPT2LMHeadModel")):
-            return HFGPT2Adapter()
-        if isinstance(model, _hf_class("ViTForImageClassification")):
-            return HFViTAdapter()
-        if any(isinstance(model, _hf_class(name)) for name in HFLlamaAdapter.CLASSES):
-            return HFLlamaAdapter()
-    raise UnsupportedModelError(
-        f"cannot map module {cls.__module__}.{cls.__name__}: supported are lmc_fast.models.ViT, "
-        "lmc_fast.models.GPT2, lmc_fast.models.Llama, transformers.GPT2LMHeadModel, "
-        "transformers.ViTForImageClassification, LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM"
-    )
+        for name, adapter in HUGGING_FACE.values():
+            if isinstance(model, _hf_class(name)):
+                return adapter()
+    supported = [f"lmc_fast.models.{c.__name__}" for c, _, _ in REFERENCE.values()]
+    supported += [f"transformers.{name}" for name, _ in HUGGING_FACE.values()]
+    raise UnsupportedModelError(f"cannot map module {cls.__module__}.{cls.__name__}: supported are "
+                                f"{', '.join(supported[:-1])} and {supported[-1]}")
 
 
 MLP_RULES = ("narrower", "any", "equal")
