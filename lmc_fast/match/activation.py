@@ -105,7 +105,7 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
         perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary)
         elements.update({n: {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
                          for i, n in enumerate(grouped)})
-    if "residual" in spec.groups:
-        elements["residual"] = {"matrix": solve.solve_orthogonal(spec.groups["residual"], stats.sums["residual"])}
+    if spec.residual is not None:
+        elements[spec.residual] = {"matrix": solve.solve_orthogonal(spec.groups[spec.residual], stats.sums["residual"])}
     info = {"method": "activation", "tokens": stats.tokens, "seconds": time.perf_counter() - t0}
     return elements, info

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..symmetry.elements import householder_basis, rotary_map, rotary_parts
+from ..symmetry.groups import kind_of
+from ..symmetry.maps import householder_basis, rotary_map, rotary_parts
 from ..symmetry.spec import Group, Spec
 from .solve import solve_permutations
 
@@ -71,7 +72,7 @@ class Latents(torch.nn.Module):
         self.head_map = first.head_map if first is not None else "orthogonal"
         self.rotary = bool(first is not None and first.rotary)
         self.grouped = bool(first is not None and first.group_size > 1)
-        res = spec.groups.get("residual")
+        res = spec.groups.get(spec.residual)
         self.centred = bool(res is not None and res.centred)
         self._warm_mlp, self._warm_heads = {}, {}  # assignment prices from the previous step
         if self.mlp:
@@ -85,7 +86,7 @@ class Latents(torch.nn.Module):
             self.head_maps = torch.nn.Parameter(torch.stack(
                 [torch.stack([elements[n]["qk"], elements[n]["vo"]]) for n in self.heads]).to(dtype))
         if res is not None:
-            M = elements["residual"]["matrix"].to(torch.float64)
+            M = elements[spec.residual]["matrix"].to(torch.float64)
             if self.centred:
                 Q = householder_basis(res.size)
                 M = (Q.T @ M @ Q)[1:, 1:]
@@ -121,34 +122,19 @@ class Latents(torch.nn.Module):
                 hard[n] = {"perm": perm[i], "qk": qk[i].detach().double(), "vo": vo[i].detach().double()}
                 if self.grouped:
                     dense[n]["QP"], hard[n]["qperm"] = QP[i], qperm[i]
-        if "residual" in self.spec.groups:
+        if self.spec.residual is not None:
             R = polar_ste(self.residual.unsqueeze(0))[0]
             if self.centred:
                 R = self.Q @ torch.block_diag(torch.ones(1, 1, dtype=R.dtype, device=R.device), R) @ self.Q.T
-            dense["residual"], hard["residual"] = {"R": R}, {"matrix": R.detach().double()}
+            res = self.spec.residual
+            dense[res], hard[res] = {"R": R}, {"matrix": R.detach().double()}
         return dense, hard
 
 
 def _apply_dense_axis(W: torch.Tensor, group: Group, ax, el: dict) -> torch.Tensor:
     Wt = W.movedim(ax.axis, 0)
     shape = Wt.shape
-    flat = Wt.reshape(shape[0], -1)
-    if group.kind == "permutation":
-        out = el["P"] @ flat
-    elif group.kind == "orthogonal":
-        out = el["R"] @ flat
-    else:
-        A = el[ax.circuit]
-        if ax.dual and group.head_map == "invertible":
-            A = torch.linalg.inv(A).transpose(-1, -2)
-        G, r, dh = group.kv_heads, group.group_size, group.head_dim
-        if ax.query and r > 1:  # (G, r, d_h, X): groups moved, then query heads within each new group
-            heads = torch.einsum("ij,juar->iuar", el["P"], flat.reshape(G, r, dh, -1))
-            heads = torch.einsum("iuv,ivar->iuar", el["QP"], heads)
-            out = (A.unsqueeze(1) @ heads).reshape(shape[0], -1)
-        else:
-            heads = torch.einsum("ij,jar->iar", el["P"], flat.reshape(G, dh, -1))
-            out = (A @ heads).reshape(shape[0], -1)
+    out = kind_of(group).apply_dense(Wt.reshape(shape[0], -1), group, ax, el)
     return out.reshape(shape).movedim(0, ax.axis)
 
 

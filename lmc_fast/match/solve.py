@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..symmetry.elements import householder_basis, nearest_rotary
+from ..symmetry.maps import householder_basis, nearest_rotary
 from ..symmetry.spec import Group
 
 

@@ -89,22 +89,22 @@ def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[st
     residual's own correlation: sum over its axes of <A, M . B'> = sum(M * C) (or sum_i
     C[i, perm[i]]), plus the parameters it does not touch. Saves one transform of every
     parameter per sweep."""
-    group = spec.groups["residual"]
-    pb_other = apply_spec(spec, pb, elements, skip={"residual"})
+    group = spec.groups[spec.residual]
+    pb_other = apply_spec(spec, pb, elements, skip={spec.residual})
     C = solve.correlation(group, pa, pb_other)
     if group.kind == "permutation":
-        perm = solve.solve_permutations(C.unsqueeze(0), warm, "residual")[0]
-        elements["residual"] = {"perm": perm}
+        perm = solve.solve_permutations(C.unsqueeze(0), warm, spec.residual)[0]
+        elements[spec.residual] = {"perm": perm}
         value = C[torch.arange(C.shape[0]), perm].sum()
     else:
         M = solve.solve_orthogonal(group, C)
-        elements["residual"] = {"matrix": M}
+        elements[spec.residual] = {"matrix": M}
         value = (M * C).sum()
     return float(value) + solve.objective(pa, pb_other, rest)
 
 
 def _anchor_residual(spec: Spec, pa: dict, pb: dict):
-    res = spec.groups["residual"]
+    res = spec.groups[spec.residual]
     local = {ax.param for g in spec.groups.values() if g.layer_local for ax in g.axes}
     anchor = dataclasses.replace(res, axes=tuple(ax for ax in res.axes if ax.param not in local))
     if not anchor.axes:
@@ -113,8 +113,8 @@ def _anchor_residual(spec: Spec, pa: dict, pb: dict):
     if not all_finite(C) or C.abs().max() == 0:
         return None
     elements = {}
-    _solve_one(dataclasses.replace(spec, groups={"residual": anchor}), "residual", pa, pb, elements)
-    return elements["residual"]
+    _solve_one(dataclasses.replace(spec, groups={spec.residual: anchor}), spec.residual, pa, pb, elements)
+    return elements[spec.residual]
 
 
 def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], rest: list[str],
@@ -125,7 +125,7 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
     constant to the residual correlation and to the objective: both are computed once, and
     each iteration transforms and correlates only the attention parameters (a third of
     GPT-2's residual-touching weights), instead of the whole model."""
-    res = spec.groups["residual"]
+    res = spec.groups[spec.residual]
     heads = [n for n in local if spec.groups[n].kind == "heads"]
     moving = {ax.param for n in heads for ax in spec.groups[n].axes}
     fixed_axes = tuple(ax for ax in res.axes if ax.param not in moving)
@@ -133,7 +133,7 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
     rest_fixed = [p for p in rest if p not in moving]
     rest_moving = [p for p in rest if p in moving]  # e.g. query biases: head maps, no residual axis
     pb_fixed = apply_spec(spec, {p: pb[p] for p in {ax.param for ax in fixed_axes} | set(rest_fixed)}, elements,
-                          skip={"residual"})
+                          skip={spec.residual})
     C_fixed = solve.correlation(dataclasses.replace(res, axes=fixed_axes), pa, pb_fixed) if fixed_axes else 0.0
     value_fixed = solve.objective(pa, pb_fixed, rest_fixed)
     pb_moving = {p: pb[p] for p in moving}
@@ -143,10 +143,10 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
         if heads:
             _solve_local(spec, pa, apply_spec(spec, pb_moving, elements, skip=set(local)), elements, heads,
                          freeze_perms=True)
-        pb_other = apply_spec(spec, pb_moving, elements, skip={"residual"})
+        pb_other = apply_spec(spec, pb_moving, elements, skip={spec.residual})
         C = C_fixed + solve.correlation(moving_res, pa, pb_other) if moving_res.axes else C_fixed
         M = solve.solve_orthogonal(res, C)
-        elements["residual"] = {"matrix": M}
+        elements[spec.residual] = {"matrix": M}
         value = float((M * C).sum()) + value_fixed + solve.objective(pa, pb_other, rest_moving)
         if _max_change(spec, before, elements) < polish_tol:
             break
@@ -283,13 +283,13 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
     names = list(pa)
     elements = {n: identity(g, pa[g.axes[0].param].dtype) for n, g in spec.groups.items()}
     objective_identity = solve.objective(pa, pb, names)
-    if init != "identity" and "residual" in spec.groups:
+    if init != "identity" and spec.residual is not None:
         start = _anchor_residual(spec, anchor_ref, pb)
         if start is not None:
-            elements["residual"] = start
+            elements[spec.residual] = start
     history = [solve.objective(pa, apply_spec(spec, pb, elements), names)]
     local = [n for n, g in spec.groups.items() if g.layer_local]
-    residual_params = {ax.param for ax in spec.groups["residual"].axes} if "residual" in spec.groups else set()
+    residual_params = {ax.param for ax in spec.groups[spec.residual].axes} if spec.residual is not None else set()
     rest = [n for n in names if n not in residual_params]
     rng = random.Random(seed)
     warm = {}  # assignment prices per group, carried from sweep to sweep
@@ -298,7 +298,7 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
         if order == "structured":
             pb_r = apply_spec(spec, pb, elements, skip=set(local))
             _solve_local(spec, pa, pb_r, elements, local, warm=warm)
-            if "residual" in spec.groups:
+            if spec.residual is not None:
                 value = _residual_step(spec, pa, pb, elements, rest, warm)
             else:
                 value = solve.objective(pa, apply_spec(spec, pb, elements), names)
@@ -317,8 +317,8 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
         if history[-1] - history[-2] <= tol * abs(history[-1]):
             break
     polished = 0
-    if (order == "structured" and polish_iter > 0 and "residual" in spec.groups
-            and spec.groups["residual"].kind == "orthogonal"):
+    if (order == "structured" and polish_iter > 0 and spec.residual is not None
+            and spec.groups[spec.residual].kind == "orthogonal"):
         polished, value = _polish(spec, pa, pb, elements, local, rest, polish_iter, polish_tol)
         history.append(value)
     info = {"method": "weight", "order": order, "weighting": weighting, "init": init,

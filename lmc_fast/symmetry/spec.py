@@ -39,10 +39,11 @@ class Group:
     head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h), GL(d_h), or "none" (identity)
     n_kv_heads: int = 0  # grouped-query attention: key / value heads (0: n_heads)
     rotary: bool = False  # QK maps commute with RoPE: per frequency plane a rotation (or a rotation and scale)
+    role: str = "layer"  # "layer": acts inside one block (heads, MLP units); "residual": the stream, every block
 
     @property
     def layer_local(self) -> bool:
-        return self.name != "residual"
+        return self.role == "layer"
 
     @property
     def kv_heads(self) -> int:
@@ -60,6 +61,11 @@ class Spec:
     arch: Arch
     space: str  # "canonical": parameters in canonical form; "raw": as trained
     groups: dict[str, Group] = field(default_factory=dict)
+
+    @property
+    def residual(self) -> str | None:
+        """The name of the residual stream's group (its role), or None if the spec has none."""
+        return next((n for n, g in self.groups.items() if g.role == "residual"), None)
 
     def axes_of(self, param: str) -> list[tuple[Group, Axis]]:
         return [(g, a) for g in self.groups.values() for a in g.axes if a.param == param]
@@ -135,7 +141,8 @@ def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     if arch.norm == "layernorm":
         axes += [Axis(n + ".bias", 0) for n in norm_readers(arch)]
-    residual = Group("residual", "orthogonal", arch.d_model, tuple(axes), centred=arch.norm == "layernorm")
+    residual = Group("residual", "orthogonal", arch.d_model, tuple(axes), centred=arch.norm == "layernorm",
+                     role="residual")
     return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": residual})
 
 
@@ -151,5 +158,5 @@ def permutation_spec(arch: Arch, heads: bool = True) -> Spec:
         axes.append(Axis(n + ".weight", 0))
         if arch.norm == "layernorm":
             axes.append(Axis(n + ".bias", 0))
-    residual = Group("residual", "permutation", arch.d_model, tuple(axes))
+    residual = Group("residual", "permutation", arch.d_model, tuple(axes), role="residual")
     return Spec(arch, "raw", {**_layer_groups(arch, NO_HEAD_MAP if heads else None), "residual": residual})
