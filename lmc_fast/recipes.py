@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .models import GPT2, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
+from .models import GPT2Config, LlamaConfig, ViTConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +54,9 @@ class Recipe:
         from .train import seed_everything
 
         seed_everything(seed)
-        cls = {GPT2Config: GPT2, LlamaConfig: Llama}.get(type(self.model_config), ViT)
+        from .models.adapters import REFERENCE
+
+        cls = next(model for model, config, _ in REFERENCE.values() if type(self.model_config) is config)
         return cls(replace(self.model_config))
 
     def datasets(self) -> tuple:

@@ -113,11 +113,9 @@ class RefViTAdapter(Adapter):
         return _load(copy.deepcopy(template), params)
 
 
-class RefGPT2Adapter(Adapter):
-    def arch(self, model):
-        c = model.config
-        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
-                    qkv_bias=c.qkv_bias)
+class _RefLanguageModelAdapter(Adapter):
+    """Our language models (GPT-2, Llama): parameters already under the standard names, and a
+    head that may be tied to the token embedding."""
 
     def config_fields(self, model):
         # tied or not is free: standard parameters always hold lm_head.weight, and build()
@@ -139,43 +137,25 @@ class RefGPT2Adapter(Adapter):
         config = copy.deepcopy(template.config)
         config.tie_word_embeddings = tie
         p0 = next(template.parameters())
-        model = GPT2(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        model = type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
         state = dict(params)
         if tie:
             state.pop("lm_head.weight")
         return _load(model, state)
 
 
-class RefLlamaAdapter(Adapter):
-    """lmc_fast.models.Llama: its parameters already carry the standard names."""
+class RefGPT2Adapter(_RefLanguageModelAdapter):
+    def arch(self, model):
+        c = model.config
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
+                    qkv_bias=c.qkv_bias)
+
+
+class RefLlamaAdapter(_RefLanguageModelAdapter):
+    """lmc_fast.models.Llama."""
 
     def arch(self, model):
         return model.arch()
-
-    def config_fields(self, model):
-        # tied or not is free, as for GPT-2: build() re-ties exactly when lm_head equals tok_embed
-        out = asdict(model.config)
-        out.pop("tie_word_embeddings", None)
-        return out
-
-    def shape_fields(self, model):
-        return {"vocab_size": model.config.vocab_size, "context": model.config.block_size}
-
-    def get(self, model):
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
-        return state
-
-    def build(self, template, params):
-        tie = _tied(params)
-        config = copy.deepcopy(template.config)
-        config.tie_word_embeddings = tie
-        p0 = next(template.parameters())
-        model = Llama(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
-        state = dict(params)
-        if tie:
-            state.pop("lm_head.weight")
-        return _load(model, state)
 
 
 # ---------------------------------------------------------------- Hugging Face models

@@ -11,7 +11,6 @@ Two engines return the same numbers (both through `evaluate.evaluate_mixtures`):
 from __future__ import annotations
 
 import json
-import math
 import numbers
 from dataclasses import asdict, dataclass, field
 
