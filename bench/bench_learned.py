@@ -28,7 +28,7 @@ from lmc_fast.match import projection  # noqa: E402
 from lmc_fast.match.learned import _mix  # noqa: E402
 from lmc_fast.match.projection import Latents, apply_dense  # noqa: E402
 from lmc_fast.models.adapters import standard_params  # noqa: E402
-from lmc_fast.sweep import functional as Fn  # noqa: E402
+from lmc_fast.models import functional as Fn  # noqa: E402
 from lmc_fast.sweep.metrics import task_loss  # noqa: E402
 from lmc_fast.symmetry import canonical_params, canonical_spec  # noqa: E402
 

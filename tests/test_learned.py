@@ -187,7 +187,7 @@ def test_endpoint_target_with_mixup_learns_a_function_preserving_alignment():
 def test_endpoint_target_is_the_mixture_of_end_model_distributions():
     """The distillation target at mixing weights w is sum_n w_n softmax(z_n / T)."""
     from lmc_fast.match.learned import _mixed_endpoint_probs
-    from lmc_fast.sweep import functional as Fn
+    from lmc_fast.models import functional as Fn
 
     a, b, _ = _vit_pair_and_data(103, 104)
     arch, pa = standard_params(a)

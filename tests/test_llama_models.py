@@ -13,7 +13,7 @@ from lmc_fast.io import load_model, save_model
 from lmc_fast.models import Llama, LlamaConfig
 from lmc_fast.models.adapters import (HFLlamaAdapter, RefLlamaAdapter, UnsupportedModelError, adapter_for,
                                       check_compatible)
-from lmc_fast.sweep import functional as Fn
+from lmc_fast.models import functional as Fn
 
 transformers = pytest.importorskip("transformers")
 

@@ -17,7 +17,7 @@ from lmc_fast.match.activation import activation_matching
 from lmc_fast.match.projection import Latents, apply_dense
 from lmc_fast.match.weight import weight_matching
 from lmc_fast.models.arch import Arch
-from lmc_fast.sweep import functional as Fn
+from lmc_fast.models import functional as Fn
 from lmc_fast.symmetry import elements as E
 from lmc_fast.symmetry.canonical import canonical_params
 from lmc_fast.symmetry.spec import canonical_spec, permutation_spec

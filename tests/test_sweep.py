@@ -6,7 +6,7 @@ import torch
 
 import lmc_fast as lf
 from lmc_fast.models.adapters import standard_params
-from lmc_fast.sweep import functional as Fn
+from lmc_fast.models import functional as Fn
 from lmc_fast.sweep.barrier import lambda_grid
 from lmc_fast.symmetry import canonical_params
 from zoo import KINDS, logits, make_inputs, make_model, rel_err, tolerance

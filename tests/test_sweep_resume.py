@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lmc_fast as lf
-from lmc_fast.sweep import functional as Fn
+from lmc_fast.models import functional as Fn
 from lmc_fast.sweep.checks import fused_sweep_bytes
 from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
 from lmc_fast.sweep.interpolate import models_params
@@ -165,7 +165,7 @@ CHILD = """
 import sys, time
 sys.path.insert(0, {tests!r})
 import torch
-from lmc_fast.sweep import functional as Fn
+from lmc_fast.models import functional as Fn
 from lmc_fast.sweep.evaluate import evaluate_mixtures
 from test_sweep_resume import options, sweep_inputs
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..sweep import functional as Fn
+from ..models import functional as Fn
 from ..symmetry.spec import Spec
 from . import solve
 

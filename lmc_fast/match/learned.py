@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..models.adapters import standard_params
-from ..sweep import functional as Fn
+from ..models import functional as Fn
 from ..sweep.batches import reiterable
 from ..sweep.checks import check_batch, spec_from_params
 from ..sweep.evaluate import EvalOptions, evaluate_mixtures

@@ -20,7 +20,7 @@ import numbers
 import torch
 
 from ..models.adapters import standard_params
-from ..sweep import functional as Fn
+from ..models import functional as Fn
 from ..symmetry import Alignment, canonical_spec, check_same_arch, model_fingerprint, prepare_params
 from ..symmetry import elements as E
 from .projection import Latents, apply_dense

@@ -2,7 +2,7 @@
 
 The modules only hold the parameters, under the standard names (lmc_fast/models/arch.py):
 `tok_embed`, `blocks.L.{ln1, ln2, attn.q/k/v/o, mlp.gate/fc1/fc2}`, `ln_f`, `lm_head`. The forward
-pass is the library's one functional forward (lmc_fast/sweep/functional.py) run with K = 1, so the
+pass is the library's one functional forward (lmc_fast/models/functional.py) run with K = 1, so the
 reference model, Hugging Face's Llama / Mistral / Qwen2 and every sweep compute the same function.
 """
 from __future__ import annotations
@@ -137,7 +137,7 @@ class Llama(nn.Module):
         c = self.config
         if ids.dim() != 2 or ids.shape[1] > c.block_size:
             raise ValueError(f"Llama expects token ids of shape (B, T<={c.block_size}), got {tuple(ids.shape)}")
-        from ..sweep import functional as Fn  # here, not at import: sweep imports the models
+        from . import functional as Fn  # here, not at import: functional imports vit.py (a cycle at load)
 
         params = {name: p.unsqueeze(0) for name, p in self.standard_params().items()}
         return Fn.forward(self.arch(), params, ids)[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import functional as Fn
+from ..models import functional as Fn
 from .checks import check_batch, plan_mixture_blocks, spec_from_params
 from .metrics import MetricSums
 from .resume import BlockCheckpoint, block_key, check_every, params_fingerprint, run_block

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .functional import embedding_names
+from ..models.functional import embedding_names
 
 #: Hugging Face's "ignore this position" label: excluded from the loss and every metric.
 IGNORE_INDEX = -100

@@ -18,7 +18,7 @@ import os
 import torch
 
 from ..models.adapters import Arch
-from . import functional as Fn
+from ..models import functional as Fn
 from .batched import accumulate, results, token_budget
 from .checks import check_batch, check_sweep_memory, spec_from_params
 from .shard import reduce_sums, sharded

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..models.adapters import Arch
-from ..models.blocks import ACTIVATIONS
-from ..models.vit import patchify
+from .arch import Arch
+from .blocks import ACTIVATIONS
+from .vit import patchify
 
 Recorder = "callable(name: str, tensor: Tensor) | None"
 
