@@ -53,18 +53,8 @@ _HF_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # the model registry (models/adapters.py): our model_type -> (model, config); HF model_type -> class name
 _CLASSES = {t: (model, config) for t, (model, config, _) in REFERENCE.items()}
 _HF_CLASSES = {t: name for t, (name, _) in HUGGING_FACE.items()}
-# the LLaMA family: one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
-_HF_LLAMA_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                    "max_position_embeddings"), ("num_key_value_heads", "head_dim"),
-                   ("num_attention_heads", "num_key_value_heads"), "num_hidden_layers")
-# HF config sizes checked before anything is built: (positive sizes, optional sizes, (width, heads), layers)
-_HF_SIZES = {
-    "gpt2": (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
-             "n_layer"),
-    "vit": (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "image_size",
-             "patch_size", "num_channels"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers"),
-    "llama": _HF_LLAMA_SIZES, "mistral": _HF_LLAMA_SIZES, "qwen2": _HF_LLAMA_SIZES,
-}
+# HF config sizes checked before anything is built, declared by each adapter (its CONFIG_SIZES)
+_HF_SIZES = {t: adapter.CONFIG_SIZES for t, (_, adapter) in HUGGING_FACE.items()}
 _LOADABLE_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 _DTYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "BOOL": "bool", "U8": "uint8", "I8": "int8",
                 "I16": "int16", "I32": "int32", "I64": "int64", "U16": "uint16", "U32": "uint32", "U64": "uint64"}

@@ -168,6 +168,10 @@ def _hf_class(name: str):
 class HFGPT2Adapter(Adapter):
     """transformers.GPT2LMHeadModel: Conv1D weights are (in, out); Q, K, V fused in c_attn."""
 
+    # config.json sizes io.py checks before building: (positive sizes, optional sizes, (width, heads), layers)
+    CONFIG_SIZES = (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
+                    "n_layer")
+
     mlp_width_field = "n_inner"
 
     def arch(self, model):
@@ -251,6 +255,9 @@ class HFGPT2Adapter(Adapter):
 
 class HFViTAdapter(Adapter):
     """transformers.ViTForImageClassification: Conv2d patch embedding, (1, 1, d) CLS token."""
+
+    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "image_size",
+                     "patch_size", "num_channels"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers")
 
     mlp_width_field = "intermediate_size"
 
@@ -341,6 +348,10 @@ class HFLlamaAdapter(Adapter):
 
     mlp_width_field = "intermediate_size"
     MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    # one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
+    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                     "max_position_embeddings"), ("num_key_value_heads", "head_dim"),
+                    ("num_attention_heads", "num_key_value_heads"), "num_hidden_layers")
     CLASSES = tuple(MODEL_TYPES.values())
     # (theirs under model.layers.L., ours under blocks.L.)
     LAYER_NAMES = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"), ("self_attn.q_proj", "attn.q"),
