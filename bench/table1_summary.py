@@ -1,0 +1,114 @@
+"""The paper's Table 1 as distributions: one table from the grids of bench/grids/table1_*.toml.
+
+    lmc-fast grid bench/grids/table1_digits.toml --out /tmp/lmc_grids/table1_digits   # and the others
+    python bench/table1_summary.py --grids /tmp/lmc_grids
+
+Reads each grid's results.jsonl (what `lmc-fast grid` wrote) and writes bench/results/table1.json
+(per setting and method: the loss barrier's median, min, max over the pairs, the accuracy and, for
+language models, the perplexity at lambda = 0.5; the simplex centroid's excess loss) and
+bench/results/table1.md (the markdown tables the README quotes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+SETTINGS = {  # grid folder name -> (row label, language model?)
+    "table1_digits": ("ViT, digits", False),
+    "table1_fashion": ("ViT, Fashion-MNIST", False),
+    "table1_shakespeare": ("GPT-2, Shakespeare", True),
+    "table1_llama": ("tiny LLaMA, Shakespeare", True),
+}
+COLUMNS = ("none", "permutation", "activation", "weight", "learned-perm", "learned", "learned-paper")
+
+
+def _stats(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(folder: Path, language: bool) -> dict:
+    records = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+    grid = json.loads((folder / "grid.json").read_text())
+    pairs = [r for r in records if r.get("kind", "pair") == "pair"]
+    simplex = [r for r in records if r.get("kind") == "simplex"]
+    out = {"models": len(grid["models"]), "pairs": grid["pairs"], "lambdas": len(grid["lambdas"]),
+           "data": grid["data"], "methods": {}, "simplex": {}}
+    ends = [r["curve"] for r in pairs if r["method"] == pairs[0]["method"]]  # each pair once: its end models
+    out["end_models_acc"] = _stats([c["acc"][i] for c in ends for i in (0, -1)])
+    if language:
+        out["end_models_ppl"] = _stats([math.exp(c["loss"][i]) for c in ends for i in (0, -1)])
+    for m in grid["methods"]:
+        rs = [r for r in pairs if r["method"] == m]
+        row = {"barrier": _stats([r["barrier"] for r in rs]), "acc_mid": _stats([r["acc_mid"] for r in rs]),
+               "solve_seconds": _stats([r["seconds"]["solve"] for r in rs]),
+               "options": rs[0]["options"] if rs else {}}
+        if language:
+            row["ppl_mid"] = _stats([math.exp(r["loss_mid"]) for r in rs])
+        out["methods"][m] = row
+    for m in grid.get("simplex_methods", []):
+        rs = [r for r in simplex if r["method"] == m]
+        out["simplex"][m] = {"centroid_excess": _stats([r["centroid"] for r in rs]),
+                             "centroid_acc": _stats([r["centroid_acc"] for r in rs]),
+                             "groups": [r["models"] for r in rs]}
+    return out
+
+
+def _cell(s, digits=3, pct=False):
+    if s is None:
+        return ""
+    f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.{digits}f}")
+    return f"{f(s['median'])} [{f(s['min'])}, {f(s['max'])}]"
+
+
+def markdown(table: dict) -> str:
+    cols = [c for c in COLUMNS if any(c in t["methods"] for t in table.values())]
+    lines = ["Loss barrier, median [min, max] over independent pairs:", "",
+             "| setting | pairs | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for name, t in table.items():
+        label = SETTINGS[name][0]
+        cells = [_cell(t["methods"].get(c, {}).get("barrier")) for c in cols]
+        lines.append(f"| {label} | {len(t['pairs'])} | " + " | ".join(cells) + " |")
+    lines += ["", "At lambda = 0.5: accuracy (images) or perplexity (text), median [min, max]; \"models\": the "
+              "end models themselves:", "",
+              "| setting | models | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for name, t in table.items():
+        label, language = SETTINGS[name]
+        key = "ppl_mid" if language else "acc_mid"
+        ends = _cell(t["end_models_ppl" if language else "end_models_acc"], 2, pct=not language)
+        cells = [_cell(t["methods"].get(c, {}).get(key), 2, pct=not language) for c in cols]
+        lines.append(f"| {label} | {ends} | " + " | ".join(cells) + " |")
+    simplex_cols = [c for c in COLUMNS if any(c in t["simplex"] for t in table.values())]
+    lines += ["", "Three-model centroid (the others aligned to the first): loss above the models' mean, "
+              "median [min, max] over 3 groups:", "",
+              "| setting | " + " | ".join(simplex_cols) + " |", "|---|" + "---:|" * len(simplex_cols)]
+    for name, t in table.items():
+        cells = [_cell(t["simplex"].get(c, {}).get("centroid_excess")) for c in simplex_cols]
+        lines.append(f"| {SETTINGS[name][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grids", default="/tmp/lmc_grids", help="the folder holding the grids' --out folders")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args()
+    table = {}
+    for name, (_, language) in SETTINGS.items():
+        folder = Path(args.grids) / name
+        if (folder / "results.jsonl").exists():
+            table[name] = summarise(folder, language)
+    out = Path(args.out)
+    (out / "table1.json").write_text(json.dumps(table, indent=2) + "\n")
+    text = markdown(table)
+    (out / "table1.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
