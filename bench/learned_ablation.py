@@ -10,8 +10,9 @@ Also our default preset at the same 300 steps.
 Pairs: seeds (0,1) (2,3) (4,5) (6,7) of the gpt2-shakespeare recipe at 300 steps, trained with the
 AVX-512 kernels (cached by bench/real_data_pairs.py, or the models of bench/grids/table1_shakespeare.toml).
 
-    nice -n 10 python bench/learned_ablation.py
-Writes bench/results/learned_ablation.json and prints per pair and median [min, max].
+    nice -n 10 python bench/learned_ablation.py [--study presets]
+Writes bench/results/learned_ablation[_presets].json and prints per pair and median [min, max].
+`--study presets` instead varies the default preset one setting at a time (and the paper preset).
 """
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ VARIANTS = {
     "authors' optimiser + token-prior start": (AUTHORS, True),
 }
 DEFAULT = "default preset (300 steps)"
+#: --study presets: which of the default preset's settings costs it on text (all at 300 steps, weight-matching start)
+PRESET_VARIANTS = {
+    "default preset": dict(),
+    "default, 4 lambdas per step": dict(lambdas_per_step=4),
+    "default, lambda ~ U[0.4, 0.6]": dict(lam="narrow"),
+    "default, task loss (labels)": dict(target="labels"),
+    "default, lr 3e-3": dict(lr=3e-3),
+    "default, 10% validation": dict(val_fraction=0.1),
+    "paper preset": dict(preset="paper"),
+}
 
 
 def find_pair(seeds, roots) -> list[Path]:
@@ -59,14 +70,17 @@ def find_pair(seeds, roots) -> list[Path]:
                      "or the table1_shakespeare grid first")
 
 
-def pair_record(paths, train_batches, counts, test) -> dict:
+def pair_record(paths, train_batches, counts, test, study: str) -> dict:
     a, b = (load_model(p) for p in paths)
     starts = {False: lf.align(a, b, "weight"), True: lf.align(a, b, "weight", token_counts=counts)}
     rec = {"pair": [str(p) for p in paths],
            "weight": lf.barrier(a, starts[False].apply(b), test, 11).barrier,
            "weight_token_prior": lf.barrier(a, starts[True].apply(b), test, 11).barrier}
-    runs = [(name, {**COMMON, **opts}, prior) for name, (opts, prior) in VARIANTS.items()]
-    runs.append((DEFAULT, dict(steps=STEPS), False))
+    if study == "presets":
+        runs = [(name, dict(steps=STEPS, **opts), False) for name, opts in PRESET_VARIANTS.items()]
+    else:
+        runs = [(name, {**COMMON, **opts}, prior) for name, (opts, prior) in VARIANTS.items()]
+        runs.append((DEFAULT, dict(steps=STEPS), False))
     for name, opts, prior in runs:
         t0 = time.perf_counter()
         al = lf.align(a, b, "learned", data=train_batches, init=starts[prior], **opts)
@@ -81,8 +95,14 @@ def pair_record(paths, train_batches, counts, test) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", nargs="*", default=["/tmp/lmc_fast_pairs/AVX512", "/tmp/lmc_grids/table1_shakespeare/models"])
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "learned_ablation.json"))
+    p.add_argument("--study", choices=("optimiser", "presets"), default="optimiser",
+                   help="optimiser: the authors' optimiser and start against our paper preset; presets: which of "
+                        "the default preset's settings matter on text")
+    p.add_argument("--out", default=None, help="default bench/results/learned_ablation[_presets].json")
     args = p.parse_args()
+    if args.out is None:
+        suffix = "" if args.study == "optimiser" else "_presets"
+        args.out = str(Path(__file__).parent / "results" / f"learned_ablation{suffix}.json")
     torch.set_num_threads(1)
     train, test_ds = recipe("gpt2-shakespeare").datasets()
     counts = torch.bincount(train.ids.reshape(-1), minlength=train.vocab_size)
@@ -92,14 +112,16 @@ def main():
     for i in range(4):
         seeds = (2 * i, 2 * i + 1)
         print(f"pair {seeds}", flush=True)
-        records.append(pair_record(find_pair(seeds, [Path(c) for c in args.cache]), train_batches, counts, test))
-    names = ["weight", "weight_token_prior"] + list(VARIANTS) + [DEFAULT]
+        records.append(pair_record(find_pair(seeds, [Path(c) for c in args.cache]), train_batches, counts, test,
+                                   args.study))
+    names = ["weight", "weight_token_prior"] + (list(PRESET_VARIANTS) if args.study == "presets"
+                                                else list(VARIANTS) + [DEFAULT])
     summary = {}
     for name in names:
         values = [r[name] if isinstance(r[name], float) else r[name]["barrier"] for r in records]
         summary[name] = {"median": statistics.median(values), "min": min(values), "max": max(values),
                          "values": values}
-    result = {"kind": "learned_ablation", "machine": cpu_model(), "torch": torch.__version__, "torch_threads": 1,
+    result = {"kind": "learned_ablation", "study": args.study, "machine": cpu_model(), "torch": torch.__version__, "torch_threads": 1,
               "load_average": os.getloadavg(), "common": COMMON, "authors_optimiser": AUTHORS,
               "train_batches": len(train_batches), "batch_size": 64, "test_blocks": 384, "lambdas": 11,
               "summary": summary, "records": records}
