@@ -272,7 +272,11 @@ def test_presets_fill_what_is_not_given():
         lf.align(a, b, "learned", data=data, preset="fast")
     g1, g2 = make_model("gpt2", seed=1, dtype=torch.float32), make_model("gpt2", seed=2, dtype=torch.float32)
     tokens = [(make_inputs("gpt2", seed=s), make_inputs("gpt2", seed=s + 50)) for s in range(6)]
-    assert lf.align(g1, g2, "learned", data=tokens, steps=2, eval_every=2).info["augment"] is None
+    lm = lf.align(g1, g2, "learned", data=tokens, steps=2, eval_every=2).info
+    assert lm["augment"] is None and lm["init"] == "weight+token_prior"  # language models: the prior's start
+    assert i["init"] == "weight"
+    given = lf.align(g1, g2, "weight")
+    assert lf.align(g1, g2, "learned", data=tokens, steps=2, eval_every=2, init=given).info["init"] == "weight"
 
 
 def test_optimiser_options_warmup_clip_and_weight_decay():

@@ -288,6 +288,12 @@ def preset_settings(preset: str, **given) -> dict:
     return {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
 
 
+def _token_inputs(batches) -> bool:
+    """Whether the batches hold token ids (a language model's inputs), not images."""
+    x = batches[0][0] if batches else None
+    return isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
+
+
 def auto_augment(augment, target: str, data):
     """augment="auto": Mixup(1.0) for images with the end-model target (labels do not describe
     blended images), nothing for token ids or with target="labels"; "none": nothing; else as given."""
@@ -319,8 +325,9 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     Settings left unset come from `preset` (PRESETS: "default" | "paper"). augment: "auto" (Mixup for
     images with target "endpoints"), None / "none", or an object from lmc_fast.data.augment.
     weight_decay (AdamW when > 0), warmup (a fraction of the steps before the cosine decay) and
-    clip (the gradients' max norm) are the optimiser's. checkpoint=PATH, checkpoint_every=N:
-    resumable, see `fit_alignments`."""
+    clip (the gradients' max norm) are the optimiser's. `init`: the starting alignment (default:
+    weight matching; for language models, with the token-frequency prior of `data`, see
+    `lf.align(..., token_counts=)`). checkpoint=PATH, checkpoint_every=N: resumable, see `fit_alignments`."""
     given = dict(steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
                  eval_every=eval_every, patience=patience, target=target, weight_decay=weight_decay, warmup=warmup,
                  clip=clip, augment=None if augment == "preset" else augment)
@@ -332,7 +339,14 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
         raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
     o["augment"] = auto_augment(o["augment"], o["target"], train)
     _check_target(o["target"], o["augment"])
-    module = LearnedAlignment(model_a, model_b, "weight" if init is None else init, head_map=head_map, learn=learn,
+    start, start_name = init, None
+    if init is None and _token_inputs(train):
+        # language models start from weight matching with the token-frequency prior of these batches:
+        # lower on each of 4 Shakespeare pairs than the plain start (bench/results/learned_ablation.json)
+        from .align import align
+
+        start, start_name = align(model_a, model_b, "weight", seed=seed, token_counts=train), "weight+token_prior"
+    module = LearnedAlignment(model_a, model_b, "weight" if start is None else start, head_map=head_map, learn=learn,
                               device=device, seed=seed)
     hard, info = fit_alignments(module, train, val, steps=o["steps"], lr=o["lr"], lam=o["lam"],
                                 lambdas_per_step=o["lambdas_per_step"], eval_every=o["eval_every"],
@@ -340,7 +354,7 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
                                 augment=o["augment"], weight_decay=o["weight_decay"], warmup=o["warmup"],
                                 clip=o["clip"], progress=progress, checkpoint=checkpoint,
                                 checkpoint_every=checkpoint_every)
-    info["init"] = "weight" if init is None else init.info.get("method", "weight")
+    info["init"] = start_name or ("weight" if init is None else init.info.get("method", "weight"))
     info["preset"], info["val_fraction"] = preset, o["val_fraction"]
     return exact_alignment(module.spec, hard[0], info)
 
