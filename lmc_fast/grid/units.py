@@ -17,7 +17,7 @@ from ..match.methods import REGISTRY
 from .spec import GridSpec
 
 #: bump when a stored unit or alignment would no longer match what this code computes
-GRID_FORMAT = 1
+GRID_FORMAT = 2  # 2: learned matching on language models starts from the token-prior weight matching
 KEY_CHARS = 20
 
 
