@@ -252,27 +252,30 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
 
 
 def test_presets_fill_what_is_not_given():
-    """preset="default" (the settings that won on the median over trained pairs) and preset="paper" (the
-    paper's recipe, the earlier default); an explicit keyword wins over either; "auto" augmentation is
-    Mixup for images with the end-model target and nothing for labels or token ids."""
-    from lmc_fast.match.learned import PRESETS, preset_settings
+    """preset="paper" (the paper's recipe), "distill" (end-model targets, Mixup on images, lambda ~ U[0, 1]),
+    and "default": distill when the end models have memorised their training batches (loss < 0.05), else
+    paper; an explicit keyword wins over any preset; "auto" augmentation is Mixup for images with the
+    end-model target and nothing for labels or token ids."""
+    from lmc_fast.match.learned import MEMORISED_LOSS, PRESET_NAMES, PRESETS, default_preset, preset_settings
 
+    assert default_preset(7e-4) == "distill" and default_preset(0.55) == "paper" and default_preset(MEMORISED_LOSS) == "paper"
     a, b, data = _vit_pair_and_data(103, 104)
-    al = lf.align(a, b, "learned", data=data, steps=4, eval_every=2)
-    i = al.info
-    assert (i["preset"], i["lr"], i["lam"], i["target"], i["val_fraction"]) == ("default", 1e-2, "uniform", "endpoints", 0.2)
-    assert "Mixup" in i["augment"]
-    paper = lf.align(a, b, "learned", data=data, preset="paper", steps=4, eval_every=2).info
-    assert (paper["lr"], paper["lam"], paper["lambdas_per_step"], paper["target"], paper["augment"]) == \
-        (3e-3, "narrow", 4, "labels", None)
+    i = lf.align(a, b, "learned", data=data, steps=4, eval_every=2).info  # random models: far from memorised
+    assert i["preset"] == "paper" and i["end_models_training_loss"] > MEMORISED_LOSS
+    assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (3e-3, "narrow", 4, "labels", None)
+    d = lf.align(a, b, "learned", data=data, preset="distill", steps=4, eval_every=2).info
+    assert (d["preset"], d["lr"], d["lam"], d["target"], d["val_fraction"]) == ("distill", 1e-2, "uniform", "endpoints", 0.2)
+    assert "Mixup" in d["augment"] and d["end_models_training_loss"] is None
     assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
-    assert lf.align(a, b, "learned", data=data, steps=2, eval_every=2, augment=None).info["augment"] is None
-    assert set(PRESETS) == {"default", "paper"} and preset_settings("paper", steps=7)["steps"] == 7
+    assert lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
+                    augment=None).info["augment"] is None
+    assert set(PRESETS) == {"paper", "distill"} and PRESET_NAMES == ("default", "paper", "distill")
+    assert preset_settings("paper", steps=7)["steps"] == 7
     with pytest.raises(ValueError, match="preset must be one of"):
         lf.align(a, b, "learned", data=data, preset="fast")
     g1, g2 = make_model("gpt2", seed=1, dtype=torch.float32), make_model("gpt2", seed=2, dtype=torch.float32)
     tokens = [(make_inputs("gpt2", seed=s), make_inputs("gpt2", seed=s + 50)) for s in range(6)]
-    lm = lf.align(g1, g2, "learned", data=tokens, steps=2, eval_every=2).info
+    lm = lf.align(g1, g2, "learned", data=tokens, preset="distill", steps=2, eval_every=2).info
     assert lm["augment"] is None and lm["init"] == "weight+token_prior"  # language models: the prior's start
     assert i["init"] == "weight"
     given = lf.align(g1, g2, "weight")

@@ -16,7 +16,7 @@ from .outputs import Outputs, now
 #: choice (Mixup for images with the end-model target, nothing otherwise)
 AUGMENTATIONS = {"auto": "auto", "none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1),
                  "noise": ("GaussianNoise", 0.1)}
-PRESETS = ("default", "paper")  # as lmc_fast.match.learned.PRESETS (not imported: that loads torch)
+PRESETS = ("default", "paper", "distill")  # as lmc_fast.match.learned.PRESET_NAMES (not imported: that loads torch)
 
 
 def register(subparsers, parents):
@@ -25,22 +25,23 @@ def register(subparsers, parents):
     a.add_argument("--method", default="weight", choices=ALIGN_METHODS,
                    help="matching method")
     a.add_argument("--preset", choices=PRESETS, default="default",
-                   help="learned matching: the settings the options below leave unset: 'default' (end-model targets, "
-                        "Mixup on images, lambda ~ U[0, 1], lr 1e-2: best on the median over trained pairs) or "
-                        "'paper' (task loss, lambda ~ U[0.4, 0.6], lr 3e-3)")
+                   help="learned matching: the settings the options below leave unset: 'paper' (task loss, "
+                        "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, Mixup on images, lambda ~ U[0, 1], "
+                        "lr 1e-2), or 'default': distill when the end models have memorised their training data "
+                        "(training loss < 0.05), else paper")
     a.add_argument("--steps", type=positive_int, default=None, help="learned matching: Adam steps (default: the preset's, 1000)")
-    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, 1e-2 or paper 3e-3)")
+    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, distill 1e-2)")
     a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default=None,
                    help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5 (default: the preset's, "
-                        "uniform or paper narrow)")
+                        "paper narrow, distill uniform)")
     a.add_argument("--target", choices=["labels", "endpoints"], default=None,
                    help="learned matching: fit the labels, or the same mixture of the end models' predictions "
-                        "(default: the preset's, endpoints or paper labels)")
+                        "(default: the preset's, paper labels, distill endpoints)")
     a.add_argument("--temperature", type=finite_positive_float, default=1.0,
                    help="learned matching: softens --target endpoints")
     a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default=None,
                    help="learned matching: input augmentation (mixup needs --target endpoints; images only; "
-                        "auto: mixup for images with --target endpoints; default: the preset's, auto or paper none)")
+                        "auto: mixup for images with --target endpoints; default: the preset's, paper none, distill auto)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
     data_options(a, "training batch size for activation / learned matching (default 64)")
 
