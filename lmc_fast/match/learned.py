@@ -2,8 +2,8 @@
 
 One latent matrix per symmetry group, initialised at the weight-matching solution; each
 step projects the latents to group elements (straight-through, see projection.py), forms
-theta = sum_n w_n g_n . theta_n for mixing weights w drawn per step (lambda ~ U[0.4, 0.6]
-by default for two models, Dirichlet(alpha) for several), and takes an Adam step on the
+theta = sum_n w_n g_n . theta_n for mixing weights w drawn per step (for two models lambda ~
+U[0.4, 0.6] or U[0, 1] by preset, Dirichlet(alpha) for several), and takes an Adam step on the
 latents only. Several mixing weights share a step as one batched pass (the K axis of the
 functional forward). Early stopping on the barrier measured on a validation split carved
 from the training batches; the best projected elements are returned as ordinary Alignments.
