@@ -39,10 +39,7 @@ class Adapter:
 
     def resized(self, template, d_mlp: int):
         """A fresh model like `template` (class, dtype, device, mode) with MLP width d_mlp."""
-        config = copy.deepcopy(template.config)
-        setattr(config, self.mlp_width_field, int(d_mlp))
-        p0 = next(template.parameters())
-        return type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        return _fresh_like(template, **{self.mlp_width_field: int(d_mlp)})
 
     def arch(self, model) -> Arch:
         raise NotImplementedError
@@ -76,6 +73,15 @@ def _tied(params) -> bool:
     return params["lm_head.weight"].shape == params["tok_embed.weight"].shape and torch.equal(
         params["lm_head.weight"], params["tok_embed.weight"]
     )
+
+
+def _fresh_like(template, **config_changes) -> nn.Module:
+    """A new model of the template's class, dtype, device and mode, its config changed as given."""
+    config = copy.deepcopy(template.config)
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    p0 = next(template.parameters())
+    return type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
 
 
 def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -134,10 +140,8 @@ class _RefLanguageModelAdapter(Adapter):
 
     def build(self, template, params):
         tie = _tied(params)
-        config = copy.deepcopy(template.config)
-        config.tie_word_embeddings = tie
-        p0 = next(template.parameters())
-        model = type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        model = _fresh_like(template, tie_word_embeddings=tie)
+        config = model.config
         state = dict(params)
         if tie:
             state.pop("lm_head.weight")
@@ -223,10 +227,8 @@ class HFGPT2Adapter(Adapter):
 
     def build(self, template, params):
         tie = _tied(params)
-        config = copy.deepcopy(template.config)
-        config.tie_word_embeddings = tie
-        p0 = next(template.parameters())
-        model = type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        model = _fresh_like(template, tie_word_embeddings=tie)
+        config = model.config
         sd = {"transformer.wte.weight": params["tok_embed.weight"], "transformer.wpe.weight": params["pos_embed"]}
         for l in range(config.n_layer):
             h, b = f"transformer.h.{l}.", f"blocks.{l}."
@@ -449,10 +451,8 @@ class HFLlamaAdapter(Adapter):
 
     def build(self, template, params):
         tie = _tied(params)
-        config = copy.deepcopy(template.config)
-        config.tie_word_embeddings = tie
-        p0 = next(template.parameters())
-        model = type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+        model = _fresh_like(template, tie_word_embeddings=tie)
+        config = model.config
         sd = {"model.embed_tokens.weight": params["tok_embed.weight"], "model.norm.weight": params["ln_f.weight"]}
         for l in range(config.num_hidden_layers):
             for theirs, ours in self.LAYER_NAMES:
