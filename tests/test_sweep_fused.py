@@ -116,3 +116,36 @@ def test_one_evaluator_names_its_engines():
         evaluate_mixtures(arch, params, W, data, EvalOptions(engine="per_point"))
     with pytest.raises(ValueError, match="engine must be one of"):
         evaluate_mixtures(arch, params, W, data, EvalOptions(engine="fused"))
+
+
+@pytest.mark.skipif(not triton_available("cpu"), reason="the Triton interpreter (TRITON_INTERPRET=1) is not on")
+def test_lerp_kernel_engine_runs_the_one_forward_on_a_llama():
+    """The Triton path is the functional forward with linear layers that mix inside the GEMM: on a grouped-
+    query, rotary, SwiGLU model without biases it gives the batched engine's numbers (CPU interpreter here,
+    the same code as on CUDA)."""
+    torch.manual_seed(0)
+    cfg = lf.models.LlamaConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_mlp=48, vocab_size=64, block_size=16)
+    a, b = lf.models.Llama(cfg).eval(), lf.models.Llama(cfg).eval()
+    x = torch.randint(0, 64, (2, 16))
+    arch, params = models_params([a, b], "raw")
+    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
+    batched = evaluate_mixtures(arch, params, W, [(x, x)], EvalOptions())
+    kernel = evaluate_mixtures(arch, params, W, [(x, x)], EvalOptions(kernel=True))
+    for r, k in zip(batched, kernel):
+        assert k["loss"] == pytest.approx(r["loss"], rel=1e-4)
+
+
+@pytest.mark.gpu
+def test_lerp_kernel_engine_on_cuda_llama():
+    if not triton_available("cuda"):
+        pytest.skip("Triton CUDA path unavailable (TRITON_INTERPRET set?)")
+    torch.manual_seed(0)
+    cfg = lf.models.LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_mlp=96, vocab_size=64, block_size=32)
+    a, b = lf.models.Llama(cfg).eval().cuda(), lf.models.Llama(cfg).eval().cuda()
+    x = torch.randint(0, 64, (4, 32), device="cuda")
+    arch, params = models_params([a, b], "raw")
+    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
+    batched = evaluate_mixtures(arch, params, W, [(x, x)], EvalOptions(device="cuda"))
+    kernel = evaluate_mixtures(arch, params, W, [(x, x)], EvalOptions(device="cuda", kernel=True))
+    for r, k in zip(batched, kernel):
+        assert k["loss"] == pytest.approx(r["loss"], rel=1e-3)
