@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..symmetry.groups import KINDS
 from ..symmetry.maps import householder_basis, nearest_rotary
 from ..symmetry.spec import Group
 
@@ -30,9 +31,9 @@ def flat(W: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 def _head_blocks(W: torch.Tensor, group: Group, ax) -> torch.Tensor:
-    """(G, r, d_h, X) blocks of a query axis, (G, d_h, X) of a key / value axis."""
-    G, r, dh = group.kv_heads, group.group_size, group.head_dim
-    return flat(W, ax.axis).reshape(G, r, dh, -1) if ax.query else flat(W, ax.axis).reshape(G, dh, -1)
+    """(G, r, d_h, X) blocks of a query axis, (G, d_h, X) of a key / value axis (the group kind's own
+    reading, length-checked)."""
+    return KINDS["heads"].blocks(flat(W, ax.axis), group, ax)
 
 
 def correlation(group: Group, pa: dict, pb: dict):

@@ -84,6 +84,16 @@ def _fresh_like(template, **config_changes) -> nn.Module:
     return type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
 
 
+def _load_lm_head(model: nn.Module, state: dict, params: dict, tie: bool) -> nn.Module:
+    """Load a Hugging Face language model's state, its head either tied to the embedding or its own."""
+    if not tie:
+        state["lm_head.weight"] = params["lm_head.weight"]
+    _load(model, state)
+    if tie:
+        model.tie_weights()
+    return model
+
+
 def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     ref = model.state_dict()
     for k, v in state.items():
@@ -244,12 +254,7 @@ class HFGPT2Adapter(Adapter):
                 sd[h + f"{theirs}.weight"] = params[b + f"{ours}.weight"]
                 sd[h + f"{theirs}.bias"] = params[b + f"{ours}.bias"]
         sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = params["ln_f.weight"], params["ln_f.bias"]
-        if not tie:
-            sd["lm_head.weight"] = params["lm_head.weight"]
-        _load(model, sd)
-        if tie:
-            model.tie_weights()
-        return model
+        return _load_lm_head(model, sd, params, tie)
 
     def logits(self, model, inputs):
         return model(input_ids=inputs).logits
@@ -460,12 +465,7 @@ class HFLlamaAdapter(Adapter):
                     name = f"blocks.{l}.{ours}.{t}"
                     if name in params:
                         sd[f"model.layers.{l}.{theirs}.{t}"] = params[name]
-        if not tie:
-            sd["lm_head.weight"] = params["lm_head.weight"]
-        _load(model, sd)
-        if tie:
-            model.tie_weights()
-        return model
+        return _load_lm_head(model, sd, params, tie)
 
     def logits(self, model, inputs):
         return model(input_ids=inputs).logits

@@ -260,7 +260,7 @@ class Heads:
         """M^{-T}: M itself for orthogonal maps."""
         return torch.linalg.inv(M).transpose(-1, -2) if g.head_map == "invertible" else M
 
-    def _blocks(self, flat: torch.Tensor, g: Group, ax: Axis) -> torch.Tensor:
+    def blocks(self, flat: torch.Tensor, g: Group, ax: Axis) -> torch.Tensor:
         """(G, d_h, X) blocks of a key / value axis, (G, r, d_h, X) of a query axis (Q rows, O columns);
         the axis's length is checked, so a grouped K is never read as one block per query head."""
         G, r, dh = g.kv_heads, g.group_size, g.head_dim
@@ -272,7 +272,7 @@ class Heads:
 
     def _gather(self, flat: torch.Tensor, g: Group, ax: Axis, el: Element) -> torch.Tensor:
         """The axis's head blocks in their new order."""
-        blocks = self._blocks(flat, g, ax)[el["perm"].to(flat.device)]
+        blocks = self.blocks(flat, g, ax)[el["perm"].to(flat.device)]
         if ax.query and "qperm" in el:  # row i of qperm orders the query heads of new group i
             idx = el["qperm"].to(flat.device)
             blocks = blocks.gather(1, idx[:, :, None, None].expand(-1, -1, g.head_dim, blocks.shape[-1]))
@@ -312,7 +312,7 @@ class Heads:
         A = dense[ax.circuit]
         if ax.dual and g.head_map == "invertible":
             A = torch.linalg.inv(A).transpose(-1, -2)
-        blocks = self._blocks(flat, g, ax)
+        blocks = self.blocks(flat, g, ax)
         if ax.query and g.group_size > 1:  # groups moved, then query heads within each new group
             heads = torch.einsum("iuv,ivar->iuar", dense["QP"], torch.einsum("ij,juar->iuar", dense["P"], blocks))
             return (A.unsqueeze(1) @ heads).reshape(flat.shape[0], -1)
