@@ -112,7 +112,7 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
         if checkpoint is not None:  # named by everything but the data, which are checked as they are read
             key = block_key(fingerprint, W[idx], engine="batched", dtype=dtype, device=device.type, max_tokens=budget,
                             chunk=chunk, max_batches=max_batches, shard=shard, input_spec=spec)
-            record = BlockCheckpoint(checkpoint, key, checkpoint_every, sums, idx)
+            record = BlockCheckpoint(checkpoint, key, checkpoint_every, sums, idx, is_lm=arch.pooling == "none")
         run_block(lambda rec: _evaluate_block(arch, params_list, W[idx], idx, ends, data, sums, spec, dtype, device,
                                               chunk, budget, max_batches, shard, progress,
                                               1 / len(starts) if len(starts) > 1 else 1, rec), record)

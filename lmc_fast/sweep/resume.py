@@ -11,13 +11,15 @@ sizes, max_batches, shard, input spec).
 A re-run with the same folder reads the recorded prefix of the data (hashing it, evaluating
 nothing) and trusts the record only if the hash of what it read matches; a finished block is
 read back the same way. A record that does not match (other data, fewer or more batches, a
-damaged file, sums of another layout) is discarded with a warning and the block recomputed: a
-record is never trusted for inputs it was not made from.
+damaged file, sums of another layout, or sums no MetricSums could hold: `BlockCheckpoint._check`
+validates every field) is discarded with a warning and the block recomputed: a record is never
+trusted for inputs it was not made from, nor half-used.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -89,13 +91,58 @@ def _encode(value):
     raise TypeError(f"cannot record a {type(value).__name__} of the metric sums")
 
 
-def _decode(value):
-    if isinstance(value, dict) and "hex" in value:
-        return float.fromhex(value["hex"])
-    if isinstance(value, dict):
-        flat = [_decode(v) for v in value["values"]]
-        return torch.tensor(flat, dtype=getattr(torch, value["dtype"])).reshape(value["shape"])
-    return value
+def _decode_float(value) -> float:
+    if not (isinstance(value, dict) and set(value) == {"hex"} and isinstance(value["hex"], str)):
+        raise ValueError(f"a float must be recorded as {{'hex': ...}}, got {value!r:.60}")
+    return float.fromhex(value["hex"])
+
+
+def _decode_like(name: str, value, like):
+    """`value` decoded to the type (and for a tensor the dtype and shape) of the field's fresh value `like`."""
+    if isinstance(like, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r:.60}")
+        return value
+    if isinstance(like, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {value!r:.60}")
+        return value
+    if isinstance(like, float):
+        return _decode_float(value)
+    if isinstance(like, torch.Tensor):
+        dtype = str(like.dtype).replace("torch.", "")
+        if not (isinstance(value, dict) and set(value) == {"dtype", "shape", "values"} and value["dtype"] == dtype
+                and value["shape"] == list(like.shape) and isinstance(value["values"], list)
+                and len(value["values"]) == like.numel()):
+            raise ValueError(f"{name} must be a {dtype} tensor of shape {list(like.shape)}")
+        return torch.tensor([_decode_float(v) for v in value["values"]], dtype=like.dtype).reshape(like.shape)
+    raise TypeError(f"no record format for a {type(like).__name__}")  # a MetricSums field this code cannot read
+
+
+def check_sums(s: MetricSums) -> None:
+    """A ValueError unless the sums could come from MetricSums.add: counts >= 0, finite sums,
+    loss >= 0, every bin's count whole, its accuracy and confidence sums within [0, count]
+    (confidence within the bin's range), bin counts summing to n and their hits to `correct`."""
+    if s.batches < 0 or s.n < 0 or s.n > 0 and s.batches == 0:
+        raise ValueError(f"counts out of range (batches {s.batches}, n {s.n})")
+    if not (math.isfinite(s.loss) and s.loss >= 0):
+        raise ValueError(f"loss sum {s.loss!r} is not a finite number >= 0")
+    if not (math.isfinite(s.correct) and 0 <= s.correct <= s.n and s.correct == round(s.correct)):
+        raise ValueError(f"correct {s.correct!r} is not a whole number in [0, n={s.n}]")
+    if s.n == 0 and s.loss != 0:
+        raise ValueError("a loss sum without targets")
+    bins = torch.stack([s.bin_n, s.bin_acc, s.bin_conf])
+    if not bool(torch.isfinite(bins).all()) or bool((bins < 0).any()):
+        raise ValueError("calibration bins not finite and >= 0")
+    if not bool((s.bin_n == s.bin_n.round()).all()) or float(s.bin_n.sum()) != s.n:
+        raise ValueError(f"calibration bin counts are not whole numbers summing to n={s.n}")
+    if not bool((s.bin_acc == s.bin_acc.round()).all()) or float(s.bin_acc.sum()) != s.correct \
+            or bool((s.bin_acc > s.bin_n).any()):
+        raise ValueError("calibration bin hits do not fit their counts and `correct`")
+    j = torch.arange(len(s.bin_n), dtype=torch.float64)
+    slack = 1e-9 * (1 + s.bin_n)  # float sums of the confidences
+    if bool((s.bin_conf < j / len(j) * s.bin_n - slack).any() or (s.bin_conf > (j + 1) / len(j) * s.bin_n + slack).any()):
+        raise ValueError("calibration bin confidences outside their bins")
 
 
 def sums_state(s: MetricSums | None):
@@ -104,15 +151,26 @@ def sums_state(s: MetricSums | None):
 
 
 def sums_from_state(state) -> MetricSums | None:
-    """The sums back; a ValueError when the state's fields are not those MetricSums has now."""
+    """The sums back, checked in full (types, dtypes, shapes, `check_sums`); a ValueError for a
+    state that is not one this version's MetricSums could have written."""
     if state is None:
         return None
-    s = MetricSums(is_lm=bool(state.get("is_lm")))
+    if not isinstance(state, dict):
+        raise ValueError(f"the record's metric sums must be an object, got {type(state).__name__}")
+    s = MetricSums(is_lm=state.get("is_lm") is True)
     if set(state) != set(vars(s)):
         raise ValueError("the record's metric sums have other fields than this version's")
     for name, value in state.items():
-        setattr(s, name, _decode(value))
+        setattr(s, name, _decode_like(name, value, getattr(s, name)))
+    check_sums(s)
     return s
+
+
+def check_block_sums(sums: list) -> None:
+    """The mixtures of one block saw the same batches: the same kind, batch and target counts."""
+    kinds = {(s.is_lm, s.batches, s.n) for s in sums if s is not None}
+    if len(kinds) > 1 or (kinds and None in sums):
+        raise ValueError("the mixtures' sums count different data")
 
 
 # ---------------------------------------------------------------- one block's record
@@ -127,9 +185,9 @@ class BlockCheckpoint:
     `evaluated()` after each batch it evaluates and `finish()` at the block's end; `take` and
     `finish` raise StaleRecord, before anything is evaluated, when the data contradict the record."""
 
-    def __init__(self, folder, key: str, every: int, sums: list, idx: list[int]):
+    def __init__(self, folder, key: str, every: int, sums: list, idx: list[int], is_lm: bool | None = None):
         self.path = Path(folder) / f"{key}.json"
-        self.key, self.every, self.sums, self.idx = key, every, sums, idx
+        self.key, self.every, self.sums, self.idx, self.is_lm = key, every, sums, idx, is_lm
         self.data = DataHash()
         self.record = self._read()
 
@@ -143,16 +201,33 @@ class BlockCheckpoint:
             return None
         try:
             record = json.loads(text)
-            ok = (record.get("format") == RESUME_FORMAT and record.get("key") == self.key
-                  and isinstance(record.get("batches"), int) and record["batches"] >= 1
-                  and isinstance(record.get("data"), str) and len(record.get("sums", ())) == len(self.idx))
-            if ok:
-                record["sums"] = [sums_from_state(s) for s in record["sums"]]
-                return record
-        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError):
-            pass
-        warnings.warn(f"{self.path}: not a record of this block; recomputing the block", stacklevel=4)
-        return None
+            record = self._check(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, OverflowError) as exc:
+            warnings.warn(f"{self.path}: not a record of this block ({exc}); recomputing the block", stacklevel=4)
+            return None
+        return record
+
+    def _check(self, record) -> dict:
+        """The record, validated in full against what `_write` writes (a ValueError otherwise)."""
+        if not isinstance(record, dict) or set(record) != {"format", "key", "batches", "data", "done", "sums"}:
+            raise ValueError("other fields than a sweep record's")
+        if record["format"] != RESUME_FORMAT or record["key"] != self.key:
+            raise ValueError("another format or block")
+        batches, data, done, sums = record["batches"], record["data"], record["done"], record["sums"]
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+            raise ValueError(f"batches {batches!r} is not an int >= 1")
+        if not isinstance(data, str) or not isinstance(done, bool):
+            raise ValueError("data hash or done flag of the wrong type")
+        if not isinstance(sums, list) or len(sums) != len(self.idx):
+            raise ValueError(f"sums for {len(self.idx)} mixtures expected")
+        record["sums"] = [sums_from_state(s) for s in sums]
+        check_block_sums(record["sums"])
+        # each batch read adds to every mixture's sums at least once
+        if any(s is None or s.batches < batches for s in record["sums"]):
+            raise ValueError(f"sums over fewer than the record's {batches} batches")
+        if self.is_lm is not None and record["sums"][0].is_lm != self.is_lm:
+            raise ValueError("sums of another kind of model (language model or classifier)")
+        return record
 
     @property
     def resumed(self) -> int:
@@ -219,5 +294,5 @@ def check_every(every) -> int:
     return every
 
 
-__all__ = ["BlockCheckpoint", "DataHash", "StaleRecord", "block_key", "check_every", "params_fingerprint",
+__all__ = ["BlockCheckpoint", "DataHash", "StaleRecord", "block_key", "check_block_sums", "check_every", "check_sums", "params_fingerprint",
            "run_block", "sums_from_state", "sums_state"]
