@@ -78,9 +78,10 @@ def test_a_checkpoint_for_other_inputs_is_ignored_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="other inputs"):
         other = _run(lr=0.01, checkpoint=ckpt, checkpoint_every=3)
     _same(other, _run(lr=0.01))
-    ckpt.write_bytes(b"not a checkpoint")
-    with pytest.warns(UserWarning, match="not a learned-matching checkpoint"):
-        _same(_run(checkpoint=ckpt), _run())
+    ckpt.write_bytes(b"not a checkpoint")  # not ours: refused, never overwritten
+    with pytest.raises(ValueError, match="something other than a learned-matching checkpoint"):
+        _run(checkpoint=ckpt)
+    assert ckpt.read_bytes() == b"not a checkpoint"
 
 
 def test_checkpoint_options_are_checked():

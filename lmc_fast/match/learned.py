@@ -100,6 +100,10 @@ def _check_target(target: str, augment) -> None:
         raise ValueError(f"augment={augment!r} changes what the labels describe; use target='endpoints' with it")
 
 
+#: the validation barrier must fall by more than this to count as an improvement (early stopping)
+IMPROVEMENT = 1e-6
+
+
 def _check_checkpointing(checkpoint, every, eval_every) -> int | None:
     if checkpoint is None:
         if every is not None:
@@ -108,6 +112,7 @@ def _check_checkpointing(checkpoint, every, eval_every) -> int | None:
     every = eval_every if every is None else every
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
+    learned_checkpoint.check_path(checkpoint)  # something else at the path: refused before any work
     return every
 
 
@@ -157,6 +162,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     inputs = spec_from_params(arch, params_list[0])
     for x, y in list(train) + list(val):  # every batch once, before any work: one line for a bad one
         check_batch(inputs, x, y)
+    n_train = len(list(train))
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -186,7 +192,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         if weight_decay or warmup or clip is not None:  # (absent at their defaults: older checkpoints still resume)
             options.update(weight_decay=weight_decay, warmup=warmup, clip=clip)
         key = learned_checkpoint.input_key(module, train, val, options)
-    resumed = None if checkpoint is None else learned_checkpoint.load(checkpoint, key, module, opt, sched, gen)
+    limits = {"steps": steps, "every": checkpoint_every, "eval_every": eval_every, "patience": patience,
+              "n_train": n_train, "eps": IMPROVEMENT}
+    resumed = None if checkpoint is None else learned_checkpoint.load(checkpoint, key, module, opt, sched, gen, limits)
     if resumed is None:
         hard, aligned = hard_params()
         best = (_val_barrier(arch, aligned, mixes, val, own, evals), 0, hard)
@@ -241,7 +249,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
             hard, aligned = hard_params()
             vb = _val_barrier(arch, aligned, mixes, val, own, evals)
             history.append((step, vb))
-            if vb < best[0] - 1e-6:
+            if vb < best[0] - IMPROVEMENT:
                 best, bad = (vb, step, hard), 0
             else:
                 bad += 1
@@ -354,6 +362,8 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
                  clip=clip, augment=None if augment == "preset" else augment)
     if preset not in PRESET_NAMES:
         raise ValueError(f"preset must be one of {PRESET_NAMES}, got {preset!r}")
+    if checkpoint is not None:  # before the preset's evaluation and the initial matching
+        learned_checkpoint.check_path(checkpoint)
     data = list(reiterable(data))
     training_loss = None
     if preset == "default":
