@@ -6,7 +6,8 @@ import torch
 from ..models.adapters import adapter_for, check_compatible, standard_params
 from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
-from ..sweep.batches import reiterable
+from ..sweep.batches import Checked
+from ..sweep.checks import spec_from_params
 from .methods import ALIGN_METHODS as METHODS  # the registry (match/methods.py) lists them
 
 
@@ -103,7 +104,8 @@ def _match(model_a, model_b, method, data, *, seed, max_iter, tol, order, max_ba
 
         spec, pa, pb = params_pair(model_a, model_b, "canonical", dtype=dtype)
         bar = _progress(progress, "activation statistics")
-        elements, info = activation_matching(spec, pa, pb, reiterable(data), max_batches=max_batches, progress=bar)
+        batches = Checked(data, spec_from_params(spec.arch, pa))  # as lf.barrier checks them
+        elements, info = activation_matching(spec, pa, pb, batches, max_batches=max_batches, progress=bar)
     else:
         from .learned import learned_matching
 

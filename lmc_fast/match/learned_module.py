@@ -21,6 +21,7 @@ import torch
 
 from ..models.adapters import standard_params
 from ..models import functional as Fn
+from ..sweep.checks import check_images, check_token_ids, spec_from_params
 from ..symmetry import Alignment, canonical_spec, check_same_arch, model_fingerprint, prepare_params
 from ..symmetry import elements as E
 from .projection import Latents, apply_dense
@@ -96,7 +97,16 @@ class MixedAlignments(torch.nn.Module):
         with torch.no_grad():
             return [lat.project()[1] for lat in self.latents]
 
+    def check_inputs(self, inputs) -> None:
+        """One line when `inputs` do not fit the models (the checks the sweeps make): token ids
+        outside the vocabulary or past the context, images of another shape or not finite."""
+        if not isinstance(inputs, torch.Tensor):
+            raise ValueError(f"inputs must be a tensor, got {type(inputs).__name__}")
+        spec = spec_from_params(self.arch, self.params_list[0])
+        (check_token_ids if spec.inputs == "tokens" else check_images)(spec, inputs)
+
     def forward(self, inputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(inputs)
         return self.mixture_logits(inputs, weights)
 
 
@@ -162,6 +172,7 @@ class LearnedAlignment(MixedAlignments):
         raise ValueError(f"init must be 'weight', 'identity' or an Alignment, got {init!r}")
 
     def forward(self, inputs: torch.Tensor, lam=0.5) -> torch.Tensor:
+        self.check_inputs(inputs)
         p0 = self.fixed0_0
         weights, single = _lam_weights(lam, p0.dtype, p0.device)
         if inputs.is_floating_point():

@@ -18,3 +18,20 @@ def limited(data, max_batches: int | None):
         if max_batches is not None and i >= max_batches:
             return
         yield batch
+
+
+class Checked:
+    """`data` re-iterable, each batch checked (`checks.check_batch` against `spec`) as it is
+    yielded: one line for a bad batch, as the sweeps give, before it reaches any computation."""
+
+    def __init__(self, data, spec):
+        self.data, self.spec = reiterable(data), spec
+
+    def __iter__(self):
+        from .checks import check_batch
+
+        for batch in self.data:
+            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                raise ValueError(f"a batch must be an (inputs, targets) pair, got {type(batch).__name__}")
+            check_batch(self.spec, *batch)
+            yield batch

@@ -103,6 +103,9 @@ def _fits_patches(spec: InputSpec, shape) -> bool:
 def check_images(spec: InputSpec, x: torch.Tensor) -> None:
     if not x.is_floating_point():
         raise ValueError(f"images must be a floating-point tensor, got {x.dtype}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"images hold {bad} NaN or infinite value(s); every pixel must be finite")
     if x.dim() == 4 and (x.shape[1:] == spec.image_shape if spec.image_shape else _fits_patches(spec, x.shape[1:])):
         return
     wanted = [spec.image_shape] if spec.image_shape else _vit_shapes(spec.patch_features, spec.n_patches,
