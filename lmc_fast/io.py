@@ -538,12 +538,20 @@ def _hf_renamer(model):
     return lambda k: rename_source_key(k, transforms, [], model.base_model_prefix, state)[0]
 
 
+def _kept_on_load(cls, specs: dict) -> dict:
+    """The specs of the tensors the class loads: without those it drops (its
+    _keys_to_ignore_on_load_unexpected, e.g. the boolean attention-mask buffers in Pythia's files)."""
+    ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
+    return {k: v for k, v in specs.items() if not any(p.search(k) for p in ignore)}
+
+
 def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> None:
     """The weight files' names, dtypes and shapes against the meta-built model, before anything is allocated."""
     expected = _shapes(model)
     tied = getattr(cls, "_tied_weights_keys", None) or ()
     optional = set(tied) if getattr(config, "tie_word_embeddings", False) else set()
-    _check_dtypes(weights, specs)
+    ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
+    _check_dtypes(weights, _kept_on_load(cls, specs))
     rename = _hf_renamer(model)
     try:
         names = {k: rename(k) for k in specs} if rename is not None else None
@@ -552,7 +560,6 @@ def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> No
     if names is None:
         _check_total(weights, specs, expected, optional, what)
         return
-    ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
     _check_tensors(weights, specs, expected, optional, what, names=names, ignore=ignore)
 
 
@@ -586,7 +593,8 @@ def _load_hf(path: Path):
     try:
         with _hf_quiet() as transformers:
             model, info = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
-                                              output_loading_info=True, **_dtype_kwarg(transformers, specs))
+                                              output_loading_info=True,
+                                              **_dtype_kwarg(transformers, _kept_on_load(cls, specs)))
     except Exception as exc:  # whatever transformers raises for a folder that passed the checks above
         raise CheckpointError(f"{path}: cannot load {name}: {_first_line(exc)}") from None
     _check_hf_loading_info(path, model, info)

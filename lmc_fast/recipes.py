@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .models import GPT2Config, LlamaConfig, ViTConfig
+from .models import GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +41,7 @@ def _shakespeare(block_size: int):
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    model_config: Any  # ViTConfig | GPT2Config | LlamaConfig
+    model_config: Any  # ViTConfig | GPT2Config | LlamaConfig | NeoXConfig
     data: Callable[[], tuple]  # () -> (train dataset, test dataset), cached
     batch_size: int
     hparams: dict  # epochs or steps, lr, weight_decay, warmup, label_smoothing
@@ -146,8 +146,22 @@ def _llama_shakespeare() -> Recipe:
     )
 
 
+def _neox_shakespeare() -> Recipe:
+    return Recipe(
+        name="neox-shakespeare",
+        model_config=NeoXConfig(n_layer=4, d_model=128, n_head=4, vocab_size=256, block_size=64),
+        data=functools.partial(_shakespeare, 64),
+        batch_size=32,
+        hparams=dict(steps=300, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0),
+        measured=dict(),
+        notes="Pythia-shaped GPT-NeoX (LayerNorms with biases, parallel attention and MLP, rotary positions on "
+              "a quarter of each 32-dim head, MLP 4x, untied head), on gpt2-shakespeare's data: byte-level "
+              "Shakespeare, blocks of 64.",
+    )
+
+
 _RECIPES = {"vit-digits": _vit_digits, "vit-fashion-mnist": _vit_fashion, "gpt2-shakespeare": _gpt2_shakespeare,
-            "llama-shakespeare": _llama_shakespeare}
+            "llama-shakespeare": _llama_shakespeare, "neox-shakespeare": _neox_shakespeare}
 NAMES = tuple(_RECIPES)
 
 

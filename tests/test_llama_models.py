@@ -11,7 +11,7 @@ import torch
 
 from lmc_fast.io import load_model, save_model
 from lmc_fast.models import Llama, LlamaConfig
-from lmc_fast.models.adapters import (HFLlamaAdapter, RefLlamaAdapter, UnsupportedModelError, adapter_for,
+from lmc_fast.models.adapters import (HFLlamaAdapter, RefFunctionalAdapter, UnsupportedModelError, adapter_for,
                                       check_compatible)
 from lmc_fast.models import functional as Fn
 
@@ -131,7 +131,7 @@ def test_hf_adapter_config_fields_and_compatibility():
     ours = Llama(LlamaConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_mlp=48, vocab_size=VOCAB,
                              block_size=64, eps=1e-5)).double()
     check_compatible(a, ours)
-    assert HFLlamaAdapter().shape_fields(a) == RefLlamaAdapter().shape_fields(ours)
+    assert HFLlamaAdapter().shape_fields(a) == RefFunctionalAdapter().shape_fields(ours)
 
 
 # ---------------------------------------------------------------- (b) the reference Llama equals HF's
@@ -146,13 +146,13 @@ def test_reference_llama_equals_hf(cls, n_kv, qkv_bias, tied):
                       rope_theta=theta, eps=1e-5, qkv_bias=qkv_bias, tie_word_embeddings=tied)
     template = Llama(cfg).double().eval()
     assert adapter_for(template).arch(template) == adapter_for(hf).arch(hf)
-    ours = RefLlamaAdapter().build(template, HFLlamaAdapter().get(hf))
+    ours = RefFunctionalAdapter().build(template, HFLlamaAdapter().get(hf))
     assert (ours.lm_head.weight is ours.tok_embed.weight) == tied
     x = ids(2)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(input_ids=x).logits, atol=ATOL, rtol=0)
     # and back: our parameters into HF's class
-    back = HFLlamaAdapter().build(hf, RefLlamaAdapter().get(ours))
+    back = HFLlamaAdapter().build(hf, RefFunctionalAdapter().get(ours))
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=x).logits, hf(input_ids=x).logits, atol=0, rtol=0)
 
@@ -169,7 +169,7 @@ def test_reference_llama_parameters_and_checks():
     tied = Llama(LlamaConfig(tie_word_embeddings=True, qkv_bias=True))
     assert tied.lm_head.weight is tied.tok_embed.weight
     assert sum(p.numel() for p in tied.parameters()) == tied.config.param_count()
-    assert "lm_head.weight" in RefLlamaAdapter().get(tied)
+    assert "lm_head.weight" in RefFunctionalAdapter().get(tied)
     with pytest.raises(ValueError, match="T<=64"):
         m(torch.zeros(1, 65, dtype=torch.long))
     for bad, match in ((dict(n_kv_head=3), "n_kv_head=3"), (dict(d_model=60, n_head=4, n_kv_head=2), "head_dim=15"),

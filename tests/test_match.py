@@ -35,7 +35,7 @@ def test_weight_matching_recovers_planted_symmetry(kind):
     assert al.info["iterations"] < 30
 
 
-@pytest.mark.parametrize("kind", ["vit", "gpt2"])
+@pytest.mark.parametrize("kind", ["vit", "gpt2", "neox", "hf_neox"])
 def test_weight_matching_recovers_the_inverse_element(kind):
     a, b, truth = planted(kind, canonical_spec, seed=22)
     al = lf.align(a, b, "weight")
@@ -60,7 +60,8 @@ def test_permutation_method_recovers_planted_permutation(kind):
     assert rel_err(logits(aligned, make_inputs(kind)), logits(a, make_inputs(kind))) < 1e-12
 
 
-@pytest.mark.parametrize("kind", ["vit", "gpt2", "hf_gpt2", "llama", "hf_llama", "hf_qwen2"])
+@pytest.mark.parametrize("kind", ["vit", "gpt2", "hf_gpt2", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox",
+                                  "hf_neox_seq"])
 def test_activation_matching_recovers_planted_symmetry(kind):
     a, b, _ = planted(kind, canonical_spec, seed=24)
     data = [(make_inputs(kind, seed=s, batch=16), None) for s in range(4)]

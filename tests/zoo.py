@@ -9,8 +9,10 @@ import torch
 import lmc_fast as lf
 
 #: every supported class; the LLaMA family as grouped-query (llama, hf_llama: 4 heads, 2 key / value heads)
-#: and multi-query attention with q/k/v biases (hf_qwen2)
-KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2")
+#: and multi-query attention with q/k/v biases (hf_qwen2); GPT-NeoX with parallel blocks and rotary positions
+#: on a quarter (neox: Pythia's rotary_pct) or half of each head (hf_neox), and sequential blocks without
+#: attention biases (hf_neox_seq)
+KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "hf_neox_seq")
 #: Hugging Face's RMSNorm and rotary tables compute in float32 even in a float64 model: their logits move
 #: ~1e-7 under an exact symmetry, so equalities there hold to 1e-5, not to float64 rounding
 HF_FP32_INSIDE = ("hf_llama", "hf_qwen2")
@@ -61,6 +63,20 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
             else:
                 m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=1,
                                                                            tie_word_embeddings=False, **common))
+    elif kind == "neox":
+        m = lf.models.NeoX(lf.models.NeoXConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp, vocab_size=vocab,
+                                                block_size=block))
+    elif kind in ("hf_neox", "hf_neox_seq"):
+        import transformers
+
+        seq = kind == "hf_neox_seq"
+        cfg = transformers.GPTNeoXConfig(num_hidden_layers=n_layer, hidden_size=d, num_attention_heads=n_head,
+                                         intermediate_size=d_mlp, vocab_size=vocab, max_position_embeddings=block,
+                                         rotary_pct=0.5, use_parallel_residual=not seq, attention_bias=not seq,
+                                         bos_token_id=0, eos_token_id=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = transformers.GPTNeoXForCausalLM(cfg)
     elif kind == "hf_vit":
         import transformers
 

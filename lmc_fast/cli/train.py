@@ -12,13 +12,15 @@ from .outputs import Outputs, now
 
 #: the reference models `train` builds: the keys of lmc_fast.models.adapters.REFERENCE (not imported
 #: here: that loads torch; tests/test_methods_registry.py keeps the two equal)
-MODEL_TYPES = ("vit", "gpt2", "llama")
+MODEL_TYPES = ("vit", "gpt2", "llama", "neox")
+#: the language models among them (they train on text)
+TEXT_MODELS = ("gpt2", "llama", "neox")
 
 
 def register(subparsers, parents):
     t = add_command(subparsers, "train", "train models from several seeds", parents)
     t.add_argument("--model", choices=MODEL_TYPES, default="vit",
-                   help="architecture (gpt2 and llama train on text)")
+                   help="architecture (gpt2, llama and neox train on text)")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="one model per seed")
     t.add_argument("--out", required=True, help="output folder (seed<N>/ per seed and train.json)")
@@ -86,18 +88,19 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     import dataclasses
 
     from ..data.base import ImageDataset, TokenDataset
-    from ..models import GPT2Config, LlamaConfig, ViTConfig
+    from ..models import GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
     from ..recipes import recipe
 
     name, _ = split_spec(args.data)
     overrides = dict(overrides)
     is_text = isinstance(train_ds, TokenDataset)
-    if args.model in ("gpt2", "llama") and not is_text:
+    if args.model in TEXT_MODELS and not is_text:
         raise CLIError(f"--model {args.model} needs text data (text:PATH or shakespeare), got {args.data!r}")
     if args.model == "vit" and not isinstance(train_ds, ImageDataset):
         raise CLIError(f"--model vit needs image data, got {args.data!r}")
     recipes = {("vit", "digits"): "vit-digits", ("vit", "fashion-mnist"): "vit-fashion-mnist",
-               ("gpt2", "shakespeare"): "gpt2-shakespeare", ("llama", "shakespeare"): "llama-shakespeare"}
+               ("gpt2", "shakespeare"): "gpt2-shakespeare", ("llama", "shakespeare"): "llama-shakespeare",
+               ("neox", "shakespeare"): "neox-shakespeare"}
     rec = recipes.get((args.model, name))
     if rec is not None:
         r = recipe(rec)
@@ -117,12 +120,11 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
             cfg = ViTConfig(image_size=H, patch_size=patch, channels=C, d_model=64, n_layer=4, n_head=4, d_mlp=128)
         cfg = dataclasses.replace(cfg, num_classes=train_ds.num_classes, channels=C, image_size=H)
         hp, bs = dict(epochs=3, lr=2e-3, weight_decay=0.05, warmup=0.1, label_smoothing=0.0), 128
-    elif args.model == "llama":
-        cfg = LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, vocab_size=train_ds.vocab_size,
-                          block_size=train_ds.block_size)
-        hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     else:
-        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=train_ds.vocab_size, block_size=train_ds.block_size)
+        text = dict(vocab_size=train_ds.vocab_size, block_size=train_ds.block_size)
+        cfg = {"llama": lambda: LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, **text),
+               "neox": lambda: NeoXConfig(n_layer=2, d_model=64, n_head=4, **text),
+               "gpt2": lambda: GPT2Config(n_layer=2, n_embd=64, n_head=4, **text)}[args.model]()
         hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     if is_text:
         cfg = dataclasses.replace(cfg, vocab_size=train_ds.vocab_size)
@@ -132,10 +134,10 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     if overrides:
         if args.model == "gpt2" and "n_embd" in overrides and "d_mlp" not in overrides:
             overrides["d_mlp"] = 4 * overrides["n_embd"]
-        if args.model == "llama":  # widths derived from d_model / n_head follow them unless given
+        if args.model in ("llama", "neox"):  # widths derived from d_model / n_head follow them unless given
             if "d_model" in overrides and "d_mlp" not in overrides:
                 overrides["d_mlp"] = None
-            if ("d_model" in overrides or "n_head" in overrides) and "head_dim" not in overrides:
+            if args.model == "llama" and ("d_model" in overrides or "n_head" in overrides) and "head_dim" not in overrides:
                 overrides["head_dim"] = None
         cfg = overridden(cls, cfg, overrides, args.config)
     if args.epochs is not None:

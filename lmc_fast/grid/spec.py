@@ -35,7 +35,7 @@ from ..match.methods import METHODS, REGISTRY
 
 #: data each recipe trains on, the default [data] spec when [models] names a recipe
 RECIPE_DATA = {"vit-digits": "digits", "vit-fashion-mnist": "fashion-mnist", "gpt2-shakespeare": "shakespeare",
-               "llama-shakespeare": "shakespeare"}
+               "llama-shakespeare": "shakespeare", "neox-shakespeare": "shakespeare"}
 MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that loads torch)
 
 _KEYS = {

@@ -96,13 +96,13 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
     if heads:
         perm, qk, vo = solve.solve_heads(torch.stack([stats.sums[n + ".qk"] for n in heads]),
                                          torch.stack([stats.sums[n + ".vo"] for n in heads]),
-                                         spec.groups[heads[0]].rotary)
+                                         spec.groups[heads[0]].rotary_dim)
         elements.update({n: {"perm": perm[i], "qk": qk[i], "vo": vo[i]} for i, n in enumerate(heads)})
     grouped = [n for n, g in spec.groups.items() if g.kind == "heads" and g.group_size > 1]
     if grouped:
         c = solve.stack_correlations([{"qk_q": stats.sums[n + ".qk_q"], "qk_kv": stats.sums[n + ".qk_kv"],
                                        "vo_q": None, "vo_kv": stats.sums[n + ".vo_kv"]} for n in grouped])
-        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary)
+        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary_dim)
         elements.update({n: {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
                          for i, n in enumerate(grouped)})
     if spec.residual is not None:

@@ -6,7 +6,8 @@
   a differentiable polar map, batched Newton-Schulz iterations, rather than the identity;
 - invertible per-head maps: the latent itself;
 - QK maps of rotary models: the latent's nearest per-plane [[a, -b], [b, a]] blocks (a linear
-  projection), with (a, b) normalised for rotations: differentiable as it is.
+  projection), with (a, b) normalised for rotations: differentiable as it is; with partial rotary
+  the unrotated dims' block is projected like any other head map.
 Grouped-query attention: a permutation latent for the key / value heads and one per group for
 its query heads. Group elements are applied as dense matrices here so that gradients reach the latents.
 """
@@ -70,7 +71,7 @@ class Latents(torch.nn.Module):
         self.heads = [n for n, g in spec.groups.items() if g.kind == "heads"]
         first = spec.groups[self.heads[0]] if self.heads else None
         self.head_map = first.head_map if first is not None else "orthogonal"
-        self.rotary = bool(first is not None and first.rotary)
+        self.rotary_dim = first.rotary_dim if first is not None else 0
         self.grouped = bool(first is not None and first.group_size > 1)
         res = spec.groups.get(spec.residual)
         self.centred = bool(res is not None and res.centred)
@@ -106,14 +107,17 @@ class Latents(torch.nn.Module):
             qk, vo = self.head_maps[:, 0], self.head_maps[:, 1]
             if self.head_map == "orthogonal":
                 vo = polar_ste(vo.reshape(-1, dh, dh)).reshape(vo.shape)
-                if not self.rotary:
+                if not self.rotary_dim:
                     qk = polar_ste(qk.reshape(-1, dh, dh)).reshape(qk.shape)
-            if self.rotary:
-                a, b = rotary_parts(qk)
+            if self.rotary_dim:
+                a, b, rest = rotary_parts(qk, self.rotary_dim)
                 if self.head_map == "orthogonal":
                     norm = torch.sqrt(a * a + b * b).clamp_min(1e-12)
                     a, b = a / norm, b / norm
-                qk = rotary_map(a, b)
+                    if rest is not None:
+                        m = rest.shape[-1]
+                        rest = polar_ste(rest.reshape(-1, m, m)).reshape(rest.shape)
+                qk = rotary_map(a, b, rest)
             if self.grouped:
                 QP, qperm = permutation_ste(self.head_qperm.flatten(0, 1), self._warm_qheads)
                 QP, qperm = QP.reshape(self.head_qperm.shape), qperm.reshape(self.head_qperm.shape[:-1])

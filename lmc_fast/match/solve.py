@@ -12,7 +12,8 @@
   head and per key / value head; for every pair of groups an r x r assignment of their query
   heads, then a G x G assignment of groups on the key / value score plus the inner optimum;
   the group's QK / VO maps by Procrustes on its summed correlations.
-- rotary models: QK maps are one rotation per frequency plane (`nearest_rotary`).
+- rotary models: QK maps are one rotation per frequency plane (`nearest_rotary`), and a rotation of
+  the unrotated dims with partial rotary.
 Solvers take a batch of groups of one kind so that all layers are solved in one call.
 """
 from __future__ import annotations
@@ -112,12 +113,13 @@ def _nuclear(C: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bij,bij->b", kernels.polar(blocks), blocks).reshape(C.shape[:-2])
 
 
-def _project_qk(C: torch.Tensor, rotary: bool) -> torch.Tensor:
+def _project_qk(C: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """The QK maps maximising tr(M^T C): rotary-commuting ones for rotary_dim > 0."""
     dh = C.shape[-1]
-    return nearest_rotary(C) if rotary else kernels.polar(C.reshape(-1, dh, dh)).reshape(C.shape)
+    return nearest_rotary(C, rotary_dim) if rotary_dim else kernels.polar(C.reshape(-1, dh, dh)).reshape(C.shape)
 
 
-def grouped_head_maps(c: dict, perm: torch.Tensor, qperm: torch.Tensor, rotary: bool):
+def grouped_head_maps(c: dict, perm: torch.Tensor, qperm: torch.Tensor, rotary_dim: int):
     """(B, ...) grouped correlations and fixed assignments -> QK and VO maps (B, G, d_h, d_h): each
     group's summed correlation (its key / value head and all its query heads), then Procrustes."""
     B, G, r = qperm.shape
@@ -134,16 +136,16 @@ def grouped_head_maps(c: dict, perm: torch.Tensor, qperm: torch.Tensor, rotary: 
             total = total + Cq[bi[:, :, None], gi[:, :, None], ji, perm[:, :, None], qperm].sum(2)
         summed[circuit] = total
     dh = summed["vo"].shape[-1]
-    return _project_qk(summed["qk"], rotary), kernels.polar(summed["vo"].reshape(-1, dh, dh)).reshape(B, G, dh, dh)
+    return _project_qk(summed["qk"], rotary_dim), kernels.polar(summed["vo"].reshape(-1, dh, dh)).reshape(B, G, dh, dh)
 
 
-def solve_grouped_heads(c: dict, rotary: bool = False):
+def solve_grouped_heads(c: dict, rotary_dim: int = 0):
     """Grouped-query heads of B layers: dict of stacked grouped correlations (see `correlation`)
     -> perm (B, G), qperm (B, G, r), QK maps and VO maps (B, G, d_h, d_h)."""
     S_q = sum(_nuclear(c[k]) for k in ("qk_q", "vo_q") if c[k] is not None)
     S_kv = sum(_nuclear(c[k]) for k in ("qk_kv", "vo_kv") if c[k] is not None)
     perm, qperm = assign_grouped(S_q, S_kv)
-    qk, vo = grouped_head_maps(c, perm, qperm, rotary)
+    qk, vo = grouped_head_maps(c, perm, qperm, rotary_dim)
     return perm, qperm, qk, vo
 
 
@@ -177,7 +179,7 @@ def solve_orthogonal(group: Group, C: torch.Tensor) -> torch.Tensor:
     return Q @ R @ Q.T
 
 
-def solve_heads(C_qk: torch.Tensor, C_vo: torch.Tensor, rotary: bool = False):
+def solve_heads(C_qk: torch.Tensor, C_vo: torch.Tensor, rotary_dim: int = 0):
     """(G, H, H, d, d) correlations -> head perms (G, H), QK maps and VO maps (G, H, d, d)."""
     G, H, _, dh, _ = C_qk.shape
     both = torch.cat([C_qk, C_vo], dim=1).reshape(-1, dh, dh)
@@ -190,16 +192,16 @@ def solve_heads(C_qk: torch.Tensor, C_vo: torch.Tensor, rotary: bool = False):
     picked_qk = C_qk.gather(2, idx).squeeze(2)
     picked_vo = C_vo.gather(2, idx).squeeze(2)
     maps = kernels.polar(torch.cat([picked_qk, picked_vo]).reshape(-1, dh, dh)).reshape(2, G, H, dh, dh)
-    return perm, (nearest_rotary(picked_qk) if rotary else maps[0]), maps[1]
+    return perm, (nearest_rotary(picked_qk, rotary_dim) if rotary_dim else maps[0]), maps[1]
 
 
-def solve_head_maps(C_qk: torch.Tensor, C_vo: torch.Tensor, perm: torch.Tensor, rotary: bool = False):
+def solve_head_maps(C_qk: torch.Tensor, C_vo: torch.Tensor, perm: torch.Tensor, rotary_dim: int = 0):
     """Per-head Procrustes for a fixed head assignment: (H, H, d, d) correlations -> (H, d, d) maps."""
     H = perm.shape[0]
     rows = torch.arange(H)
     dh = C_qk.shape[-1]
     maps = kernels.polar(torch.cat([C_qk[rows, perm], C_vo[rows, perm]])).reshape(2, H, dh, dh)
-    return (nearest_rotary(C_qk[rows, perm]) if rotary else maps[0]), maps[1]
+    return (nearest_rotary(C_qk[rows, perm], rotary_dim) if rotary_dim else maps[0]), maps[1]
 
 
 def objective(pa: dict, pb: dict, names) -> float:

@@ -37,12 +37,12 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
     if freeze_perms:
         for n in heads:
             c = solve.correlation(spec.groups[n], pa, pb_r)
-            qk, vo = solve.solve_head_maps(c["qk"], c["vo"], elements[n]["perm"], spec.groups[n].rotary)
+            qk, vo = solve.solve_head_maps(c["qk"], c["vo"], elements[n]["perm"], spec.groups[n].rotary_dim)
             elements[n] = {"perm": elements[n]["perm"], "qk": qk, "vo": vo}
         for n in grouped:
             c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r)])
             el = elements[n]
-            qk, vo = solve.grouped_head_maps(c, el["perm"][None], el["qperm"][None], spec.groups[n].rotary)
+            qk, vo = solve.grouped_head_maps(c, el["perm"][None], el["qperm"][None], spec.groups[n].rotary_dim)
             elements[n] = {"perm": el["perm"], "qperm": el["qperm"], "qk": qk[0], "vo": vo[0]}
         return
     if mlp:
@@ -61,14 +61,14 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
                 elements[n] = {"perm": perm}
     if heads:
         cs = [solve.correlation(spec.groups[n], pa, pb_r) for n in heads]
-        rotary = spec.groups[heads[0]].rotary
+        rotary_dim = spec.groups[heads[0]].rotary_dim
         perm, qk, vo = solve.solve_heads(torch.stack([c["qk"] for c in cs]), torch.stack([c["vo"] for c in cs]),
-                                         rotary)
+                                         rotary_dim)
         for i, n in enumerate(heads):
             elements[n] = {"perm": perm[i], "qk": qk[i], "vo": vo[i]}
     if grouped:
         c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r) for n in grouped])
-        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary)
+        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary_dim)
         for i, n in enumerate(grouped):
             elements[n] = {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
 

@@ -1,6 +1,7 @@
 """Reference models and the adapters that map any supported model to standard parameters."""
 from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig
+from .neox import NeoX, NeoXConfig
 from .vit import ViT, ViTConfig
 
 
@@ -12,4 +13,4 @@ def pad_mlp(model, d_mlp: int):
     return _pad_mlp(model, d_mlp)
 
 
-__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "pad_mlp"]
+__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "NeoX", "NeoXConfig", "pad_mlp"]

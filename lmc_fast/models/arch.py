@@ -8,7 +8,7 @@ adapter that fills these fields, not a new branch in five files.
 Standard parameter names (nn.Linear's (out, in) layout):
     inputs "patches": patch_embed.weight / .bias, cls_token, pos_embed
     inputs "tokens":  tok_embed.weight, pos_embed (positions "learned" only)
-    blocks.L.ln1 / ln2 (.weight, .bias for LayerNorm)
+    blocks.L.ln1 / ln2 (.weight, .bias for LayerNorm): ln1 feeds attention, ln2 the MLP
     blocks.L.attn.q / k / v / o (.weight, .bias where the arch has them); k and v have
         n_kv_head * head_dim rows (grouped-query attention), q has n_head * head_dim
     blocks.L.mlp.fc1 (up), mlp.gate (gated MLPs only: act(gate x) * fc1 x), mlp.fc2 (down)
@@ -19,13 +19,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-FAMILIES = ("vit", "gpt2", "llama")
+FAMILIES = ("vit", "gpt2", "llama", "neox")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
 INPUTS = ("patches", "tokens")
 POSITIONS = ("learned", "rotary")
 POOLINGS = ("cls", "none")
 MLPS = ("plain", "gated")
+#: how a block adds into the residual stream: "sequential" h += attn(ln1 h); h += mlp(ln2 h)
+#: "parallel" (GPT-NeoX, GPT-J) h += attn(ln1 h) + mlp(ln2 h), both norms reading the same h
+RESIDUALS = ("sequential", "parallel")
 # Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
 MAX_SIZE = 1 << 20
 
@@ -37,6 +40,8 @@ _FAMILY_DEFAULTS = {
                  o_bias=True, mlp_bias=True, head_bias=False),
     "llama": dict(inputs="tokens", positions="rotary", causal=True, pooling="none", mlp="gated", qkv_bias=False,
                   o_bias=False, mlp_bias=False, head_bias=False),
+    "neox": dict(inputs="tokens", positions="rotary", causal=True, pooling="none", mlp="plain", qkv_bias=True,
+                 o_bias=True, mlp_bias=True, head_bias=False, residual="parallel"),
 }
 
 
@@ -65,6 +70,8 @@ class Arch:
     o_bias: bool | None = None
     mlp_bias: bool | None = None
     head_bias: bool | None = None
+    residual: str | None = None  # "sequential" | "parallel" (RESIDUALS)
+    rotary_dim: int | None = None  # rotary positions on the first rotary_dim dims of each head (None: all)
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -75,6 +82,10 @@ class Arch:
             object.__setattr__(self, "n_kv_head", self.n_head)
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.d_model // self.n_head if self.n_head else 0)
+        if self.residual is None:
+            object.__setattr__(self, "residual", "sequential")
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim if self.positions == "rotary" else 0)
 
     # ---- derived
     @property
@@ -89,6 +100,10 @@ class Arch:
     @property
     def rotary(self) -> bool:
         return self.positions == "rotary"
+
+    @property
+    def parallel(self) -> bool:
+        return self.residual == "parallel"
 
     @property
     def gated(self) -> bool:
@@ -131,6 +146,10 @@ class Arch:
     def llama(cls, n_layer, d_model, n_head, d_mlp, n_kv_head=None, eps=1e-6, **kw) -> "Arch":
         return cls("llama", n_layer, d_model, n_head, d_mlp, "rmsnorm", eps, "silu", n_kv_head=n_kv_head, **kw)
 
+    @classmethod
+    def neox(cls, n_layer, d_model, n_head, d_mlp, eps=1e-5, activation="gelu", **kw) -> "Arch":
+        return cls("neox", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, **kw)
+
     # ---- files
     @classmethod
     def from_dict(cls, d) -> "Arch":
@@ -151,7 +170,7 @@ class Arch:
             if d.get(key) is not None:
                 _check_size(key, d[key])
         for key, allowed in (("family", FAMILIES), ("norm", NORMS), ("activation", ACTIVATIONS), ("inputs", INPUTS),
-                             ("positions", POSITIONS), ("pooling", POOLINGS), ("mlp", MLPS)):
+                             ("positions", POSITIONS), ("pooling", POOLINGS), ("mlp", MLPS), ("residual", RESIDUALS)):
             if (key in required or d.get(key) is not None) and d[key] not in allowed:
                 raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
         for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias"):
@@ -160,6 +179,9 @@ class Arch:
         eps = d["eps"]
         if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
+        rotary_dim = d.get("rotary_dim")
+        if rotary_dim is not None and (type(rotary_dim) is not int or not 0 <= rotary_dim <= MAX_SIZE):
+            raise ValueError(f"arch rotary_dim is {rotary_dim!r}: must be an integer in [0, {MAX_SIZE}]")
         theta = d.get("rope_theta", 10000.0)
         if type(theta) not in (int, float) or not (math.isfinite(theta) and theta > 1):
             raise ValueError(f"arch rope_theta is {theta!r}: must be a number > 1")
@@ -176,8 +198,12 @@ class Arch:
             raise ValueError(f"arch d_model {self.d_model} is not divisible by n_head {self.n_head}"
                              if self.d_model % self.n_head else
                              f"arch d_model {self.d_model} does not fit n_head {self.n_head} x head_dim {self.head_dim}")
-        if self.rotary and self.head_dim % 2:
+        if self.rotary and self.rotary_dim == self.head_dim and self.head_dim % 2:
             raise ValueError(f"arch head_dim {self.head_dim} must be even with rotary positions")
+        if self.rotary and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ValueError(f"arch rotary_dim {self.rotary_dim} must be even and in [2, head_dim {self.head_dim}]")
+        if not self.rotary and self.rotary_dim:
+            raise ValueError(f"arch rotary_dim {self.rotary_dim} needs rotary positions (positions is {self.positions!r})")
 
 
 def _check_size(key: str, v) -> None:
@@ -185,4 +211,4 @@ def _check_size(key: str, v) -> None:
         raise ValueError(f"arch {key} is {v!r}: must be an integer in [1, {MAX_SIZE}]")
 
 
-__all__ = ["ACTIVATIONS", "Arch", "FAMILIES", "INPUTS", "MLPS", "NORMS", "POOLINGS", "POSITIONS"]
+__all__ = ["ACTIVATIONS", "Arch", "FAMILIES", "INPUTS", "MLPS", "NORMS", "POOLINGS", "POSITIONS", "RESIDUALS"]

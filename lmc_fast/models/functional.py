@@ -5,7 +5,8 @@ K = 1); inputs are shared. Linear layers run as one batched GEMM over K, so a sw
 points is a single pass. The same code runs the reference models and the Hugging Face ones
 (they map to the same standard parameters), and `record` exposes the activations that
 activation matching needs. Every architecture choice is read from the `Arch` fields (inputs,
-positions, heads and key/value heads, gated MLP, biases, pooling).
+positions (partial rotary too), heads and key/value heads, gated MLP, biases, pooling, sequential or
+parallel residual blocks).
 
 The blocks and the head read their weights through `ops` (`linear(x, name)`, `norm(x, name)`):
 `StackedOps` holds K parameter sets; the Triton path (lerp_kernel.py) passes ops that mix two
@@ -68,18 +69,22 @@ def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def rope_tables(arch: Arch, T: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (T, d_h) of rotary positions, Hugging Face's layout: dimension i and i + d_h / 2
-    form the plane of frequency theta^(-2i / d_h)."""
-    dh = arch.head_dim
-    inv_freq = 1.0 / arch.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float64, device=device) / dh)
+    """cos, sin (T, r) of rotary positions on the first r = rotary_dim dims of a head, Hugging Face's
+    layout: dimension i and i + r / 2 form the plane of frequency theta^(-2i / r)."""
+    r = arch.rotary_dim
+    inv_freq = 1.0 / arch.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float64, device=device) / r)
     angles = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv_freq[None]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., T, d_h) rotated plane by plane: x cos + rotate_half(x) sin."""
-    half = x.shape[-1] // 2
+    """x (..., T, d_h) rotated plane by plane on its first r = cos.shape[-1] dims: x cos + rotate_half(x) sin;
+    the other d_h - r dims pass unchanged (GPT-NeoX's partial rotary)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    half = r // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -151,6 +156,9 @@ def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
         if record is not None:
             record(f"resid.{l}", h)
         b = f"blocks.{l}."
+        if arch.parallel:  # both branches read the same stream (GPT-NeoX's use_parallel_residual)
+            h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record) + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
+            continue
         h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
         h = h + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
     if record is not None:

@@ -12,11 +12,11 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-import torch
 from torch import nn
 
 from .arch import Arch
 from .blocks import Norm, init_weights, require_eps, require_param_limit, require_positive_int
+from .functional_lm import FunctionalLanguageModel
 
 SIZE_FIELDS = ("n_layer", "d_model", "n_head", "n_kv_head", "vocab_size", "block_size")
 
@@ -112,7 +112,7 @@ class LlamaBlock(nn.Module):
         self.mlp = LlamaMLP(c)
 
 
-class Llama(nn.Module):
+class Llama(FunctionalLanguageModel):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         c = self.config = config
@@ -128,16 +128,3 @@ class Llama(nn.Module):
         c = self.config
         return Arch.llama(c.n_layer, c.d_model, c.n_head, c.d_mlp, n_kv_head=c.n_kv_head, eps=float(c.eps),
                           rope_theta=float(c.rope_theta), head_dim=c.head_dim, qkv_bias=c.qkv_bias)
-
-    def standard_params(self) -> dict[str, torch.Tensor]:
-        """The parameters under their standard names (not detached), lm_head.weight included when tied."""
-        return dict(self.named_parameters(remove_duplicate=False))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        if ids.dim() != 2 or ids.shape[1] > c.block_size:
-            raise ValueError(f"Llama expects token ids of shape (B, T<={c.block_size}), got {tuple(ids.shape)}")
-        from . import functional as Fn  # here, not at import: functional imports vit.py (a cycle at load)
-
-        params = {name: p.unsqueeze(0) for name, p in self.standard_params().items()}
-        return Fn.forward(self.arch(), params, ids)[0]

@@ -15,7 +15,8 @@ Matching (correlations and solvers) lives in match/solve.py, written against the
                 query heads per key / value head (grouped-query attention) also "qperm" (G, r):
                 new query head (i, j) = old (perm[i], qperm[i, j]), each moved by its group's map.
                 head_map "orthogonal" | "invertible" | "none" (whole heads only, no maps);
-                rotary groups: QK maps commute with RoPE, one [[a, -b], [b, a]] per frequency plane.
+                rotary groups: QK maps commute with RoPE, one [[a, -b], [b, a]] per frequency plane of
+                the first rotary_dim dims, any map of the rest (partial rotary).
 """
 from __future__ import annotations
 
@@ -96,10 +97,11 @@ def check_orthogonal(group: Group, key: str, M: torch.Tensor, centred: bool = Fa
 
 
 def check_rotary(group: Group, key: str, M: torch.Tensor) -> None:
-    """Zero outside the planes and [[a, -b], [b, a]] on each: the maps that commute with RoPE."""
+    """Zero outside the planes (and the unrotated block) and [[a, -b], [b, a]] on each plane: the maps
+    that commute with RoPE."""
     tol = ORTHOGONAL_TOLERANCE[M.dtype]
     Q = M.to(torch.float64)
-    off = (Q - rotary_map(*rotary_parts(Q))).abs().amax(dim=(-2, -1))
+    off = (Q - rotary_map(*rotary_parts(Q, group.rotary_dim))).abs().amax(dim=(-2, -1))
     err, where = _worst(off / Q.abs().amax(dim=(-2, -1)).clamp_min(1e-300))
     if not err <= tol:
         fail(group, f"{key!r} does not commute with the rotary positions{where}: it is not one "
@@ -223,7 +225,8 @@ class Heads:
             return perms
         maker = random_orthogonal if g.head_map == "orthogonal" else random_invertible
         G, dh = g.kv_heads, g.head_dim
-        qk = (random_rotary(dh // 2, generator, dtype, batch=(G,), invertible=g.head_map == "invertible")
+        qk = (random_rotary(dh, generator, dtype, batch=(G,), invertible=g.head_map == "invertible",
+                            rotary_dim=g.rotary_dim)
               if g.rotary else maker(dh, generator, dtype, batch=(G,)))
         return {**perms, "qk": qk, "vo": maker(dh, generator, dtype, batch=(G,))}
 
@@ -248,12 +251,13 @@ class Heads:
             return out
         if g.head_map == "orthogonal":
             out["qk"], out["vo"] = nearest_orthogonal(out["qk"]), nearest_orthogonal(out["vo"])
-        if g.rotary:
-            a, b = rotary_parts(out["qk"])
+        if g.rotary:  # the nearest map of the rotary structure (nearest_orthogonal kept `rest` orthogonal)
+            a, b, rest = rotary_parts(out["qk"], g.rotary_dim)
             if g.head_map == "orthogonal":
                 norm = torch.sqrt(a * a + b * b).clamp_min(1e-300)
                 a, b = a / norm, b / norm
-            out["qk"] = rotary_map(a, b)
+                rest = None if rest is None else nearest_orthogonal(rest)
+            out["qk"] = rotary_map(a, b, rest)
         return out
 
     def _dual(self, g: Group, M: torch.Tensor) -> torch.Tensor:

@@ -38,12 +38,18 @@ class Group:
     head_dim: int = 0
     head_map: str = "orthogonal"  # per-head QK / VO maps: O(d_h), GL(d_h), or "none" (identity)
     n_kv_heads: int = 0  # grouped-query attention: key / value heads (0: n_heads)
-    rotary: bool = False  # QK maps commute with RoPE: per frequency plane a rotation (or a rotation and scale)
+    # QK maps commute with RoPE on the first rotary_dim dims of each head: per frequency plane a rotation
+    # (or a rotation and scale), any orthogonal (invertible) map of the rest; 0: no rotary positions
+    rotary_dim: int = 0
     role: str = "layer"  # "layer": acts inside one block (heads, MLP units); "residual": the stream, every block
 
     @property
     def layer_local(self) -> bool:
         return self.role == "layer"
+
+    @property
+    def rotary(self) -> bool:
+        return self.rotary_dim > 0
 
     @property
     def kv_heads(self) -> int:
@@ -118,7 +124,7 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
             groups[f"heads.{l}"] = Group(f"heads.{l}", "heads", arch.n_head * arch.head_dim, tuple(axes),
                                          n_heads=arch.n_head, head_dim=arch.head_dim, head_map=head_map,
                                          n_kv_heads=arch.n_kv_head,
-                                         rotary=arch.rotary and head_map != NO_HEAD_MAP)
+                                         rotary_dim=arch.rotary_dim if head_map != NO_HEAD_MAP else 0)
         readers = [r + ".weight" for r in arch.mlp_readers(l)]
         axes = [Axis(r, 0) for r in readers]
         if arch.mlp_bias:

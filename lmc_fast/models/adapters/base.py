@@ -1,0 +1,105 @@
+"""The adapter base class and the helpers every adapter shares (docs/ARCHITECTURE.md, section 8).
+
+An adapter maps one model class to standard parameters (lmc_fast/models/arch.py: one naming,
+nn.Linear's (out, in) layout) and back; it is the only code that knows a concrete class.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+
+import torch
+from torch import nn
+
+from ..arch import Arch
+
+
+class UnsupportedModelError(TypeError):
+    """The model (or one of its modules/settings) has no adapter."""
+
+
+class IncompatibleModelsError(ValueError):
+    """Two models that cannot be combined: an architecture field differs."""
+
+
+class Adapter:
+    """Maps one model class to standard parameters and back."""
+
+    #: The config attribute holding the MLP width (for `resized`).
+    mlp_width_field = "d_mlp"
+
+    def resized(self, template, d_mlp: int):
+        """A fresh model like `template` (class, dtype, device, mode) with MLP width d_mlp."""
+        return _fresh_like(template, **{self.mlp_width_field: int(d_mlp)})
+
+    def arch(self, model) -> Arch:
+        raise NotImplementedError
+
+    def config_fields(self, model) -> dict:
+        """Every config field that shapes the model's function, under the class's own names
+        (compared between two models of one class)."""
+        raise NotImplementedError
+
+    def shape_fields(self, model) -> dict:
+        """Input / output sizes under class-independent names (compared across classes)."""
+        raise NotImplementedError
+
+    def common_fields(self, model) -> dict:
+        """Class-independent description: the Arch plus the input / output sizes."""
+        return {**asdict(self.arch(model)), **self.shape_fields(model)}
+
+    def get(self, model) -> dict[str, torch.Tensor]:
+        """Standard parameters (detached clones)."""
+        raise NotImplementedError
+
+    def build(self, template, params: dict[str, torch.Tensor]):
+        """A new model of the template's class, dtype and device holding `params`."""
+        raise NotImplementedError
+
+    def logits(self, model, inputs):
+        return model(inputs)
+
+
+def _tied(params) -> bool:
+    return params["lm_head.weight"].shape == params["tok_embed.weight"].shape and torch.equal(
+        params["lm_head.weight"], params["tok_embed.weight"]
+    )
+
+
+def _fresh_like(template, **config_changes) -> nn.Module:
+    """A new model of the template's class, dtype, device and mode, its config changed as given."""
+    config = copy.deepcopy(template.config)
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    p0 = next(template.parameters())
+    return type(template)(config).to(dtype=p0.dtype, device=p0.device).train(template.training)
+
+
+def _load_lm_head(model: nn.Module, state: dict, params: dict, tie: bool, head_key: str = "lm_head.weight") -> nn.Module:
+    """Load a Hugging Face language model's state, its head (`head_key`) either tied to the embedding or its own."""
+    if not tie:
+        state[head_key] = params["lm_head.weight"]
+    _load(model, state)
+    if tie:
+        model.tie_weights()
+    return model
+
+
+def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    ref = model.state_dict()
+    for k, v in state.items():
+        if k not in ref:
+            raise KeyError(f"internal: {type(model).__name__} has no parameter {k!r}")
+        if ref[k].shape != v.shape:
+            raise ValueError(f"parameter {k!r}: shape {tuple(v.shape)} does not fit {tuple(ref[k].shape)}")
+    p0 = next(model.parameters())
+    with torch.no_grad():
+        for k, v in state.items():
+            ref[k].copy_(v.to(dtype=p0.dtype, device=p0.device))
+    return model
+
+
+def _hf_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)

@@ -1,0 +1,88 @@
+"""transformers.GPT2LMHeadModel."""
+from __future__ import annotations
+
+import torch
+
+from ..arch import Arch
+from .base import Adapter, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
+
+
+class HFGPT2Adapter(Adapter):
+    """transformers.GPT2LMHeadModel: Conv1D weights are (in, out); Q, K, V fused in c_attn."""
+
+    # config.json sizes io.py checks before building: (positive sizes, optional sizes, (width, heads), layers)
+    CONFIG_SIZES = (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
+                    "n_layer")
+
+    mlp_width_field = "n_inner"
+
+    def arch(self, model):
+        c = model.config
+        if getattr(c, "add_cross_attention", False):
+            raise UnsupportedModelError("GPT2LMHeadModel with add_cross_attention=True: cross-attention modules cannot be mapped")
+        act = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(c.activation_function)
+        if act is None:
+            raise UnsupportedModelError(f"GPT2LMHeadModel activation_function={c.activation_function!r} is not supported")
+        d_mlp = c.n_inner or 4 * c.n_embd
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, d_mlp, "layernorm", c.layer_norm_epsilon, act)
+
+    # every GPT2Config field that changes shapes or the forward pass (not dropout, not ids)
+    FIELDS = ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions", "layer_norm_epsilon",
+              "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+              "reorder_and_upcast_attn", "add_cross_attention")
+
+    def config_fields(self, model):
+        c = model.config
+        out = {k: getattr(c, k, None) for k in self.FIELDS}
+        out["n_inner"] = c.n_inner or 4 * c.n_embd  # None means 4 * n_embd
+        return out
+
+    def shape_fields(self, model):
+        return {"vocab_size": model.config.vocab_size, "context": model.config.n_positions}
+
+    def get(self, model):
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        d = model.config.n_embd
+        p = {"tok_embed.weight": sd["transformer.wte.weight"], "pos_embed": sd["transformer.wpe.weight"]}
+        for l in range(model.config.n_layer):
+            h, b = f"transformer.h.{l}.", f"blocks.{l}."
+            W, bias = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]
+            for i, name in enumerate("qkv"):
+                p[b + f"attn.{name}.weight"] = W[:, i * d : (i + 1) * d].T.contiguous()
+                p[b + f"attn.{name}.bias"] = bias[i * d : (i + 1) * d].clone()
+            p[b + "attn.o.weight"] = sd[h + "attn.c_proj.weight"].T.contiguous()
+            p[b + "attn.o.bias"] = sd[h + "attn.c_proj.bias"]
+            p[b + "mlp.fc1.weight"] = sd[h + "mlp.c_fc.weight"].T.contiguous()
+            p[b + "mlp.fc1.bias"] = sd[h + "mlp.c_fc.bias"]
+            p[b + "mlp.fc2.weight"] = sd[h + "mlp.c_proj.weight"].T.contiguous()
+            p[b + "mlp.fc2.bias"] = sd[h + "mlp.c_proj.bias"]
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                p[b + f"{ours}.weight"] = sd[h + f"{theirs}.weight"]
+                p[b + f"{ours}.bias"] = sd[h + f"{theirs}.bias"]
+        p["ln_f.weight"], p["ln_f.bias"] = sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]
+        p["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"]).clone()
+        return p
+
+    def build(self, template, params):
+        tie = _tied(params)
+        model = _fresh_like(template, tie_word_embeddings=tie)
+        config = model.config
+        sd = {"transformer.wte.weight": params["tok_embed.weight"], "transformer.wpe.weight": params["pos_embed"]}
+        for l in range(config.n_layer):
+            h, b = f"transformer.h.{l}.", f"blocks.{l}."
+            sd[h + "attn.c_attn.weight"] = torch.cat([params[b + f"attn.{n}.weight"].T for n in "qkv"], dim=1)
+            sd[h + "attn.c_attn.bias"] = torch.cat([params[b + f"attn.{n}.bias"] for n in "qkv"])
+            sd[h + "attn.c_proj.weight"] = params[b + "attn.o.weight"].T
+            sd[h + "attn.c_proj.bias"] = params[b + "attn.o.bias"]
+            sd[h + "mlp.c_fc.weight"] = params[b + "mlp.fc1.weight"].T
+            sd[h + "mlp.c_fc.bias"] = params[b + "mlp.fc1.bias"]
+            sd[h + "mlp.c_proj.weight"] = params[b + "mlp.fc2.weight"].T
+            sd[h + "mlp.c_proj.bias"] = params[b + "mlp.fc2.bias"]
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                sd[h + f"{theirs}.weight"] = params[b + f"{ours}.weight"]
+                sd[h + f"{theirs}.bias"] = params[b + f"{ours}.bias"]
+        sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = params["ln_f.weight"], params["ln_f.bias"]
+        return _load_lm_head(model, sd, params, tie)
+
+    def logits(self, model, inputs):
+        return model(input_ids=inputs).logits

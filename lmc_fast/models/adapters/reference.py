@@ -1,0 +1,71 @@
+"""Adapters of our reference models (lmc_fast.models): parameters already under the standard names."""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+
+from ..arch import Arch
+from .base import Adapter, _fresh_like, _load, _tied
+
+
+class RefViTAdapter(Adapter):
+    def arch(self, model):
+        c = model.config
+        return Arch("vit", c.n_layer, c.d_model, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
+                    qkv_bias=c.qkv_bias)
+
+    def config_fields(self, model):
+        return asdict(model.config)
+
+    def shape_fields(self, model):
+        c = model.config
+        return {"image_size": c.image_size, "patch_size": c.patch_size, "channels": c.channels,
+                "num_classes": c.num_classes}
+
+    def get(self, model):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def build(self, template, params):
+        return _load(copy.deepcopy(template), params)
+
+
+class _RefLanguageModelAdapter(Adapter):
+    """Our language models (GPT-2, Llama): parameters already under the standard names, and a
+    head that may be tied to the token embedding."""
+
+    def config_fields(self, model):
+        # tied or not is free: standard parameters always hold lm_head.weight, and build()
+        # re-ties exactly when the two matrices come out equal
+        out = asdict(model.config)
+        out.pop("tie_word_embeddings", None)
+        return out
+
+    def shape_fields(self, model):
+        return {"vocab_size": model.config.vocab_size, "context": model.config.block_size}
+
+    def get(self, model):
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
+        return state
+
+    def build(self, template, params):
+        tie = _tied(params)
+        model = _fresh_like(template, tie_word_embeddings=tie)
+        state = dict(params)
+        if tie:
+            state.pop("lm_head.weight")
+        return _load(model, state)
+
+
+class RefGPT2Adapter(_RefLanguageModelAdapter):
+    def arch(self, model):
+        c = model.config
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, c.d_mlp, c.norm, c.eps, c.activation,
+                    qkv_bias=c.qkv_bias)
+
+
+class RefFunctionalAdapter(_RefLanguageModelAdapter):
+    """lmc_fast.models.Llama and NeoX: models that describe their own Arch."""
+
+    def arch(self, model):
+        return model.arch()
