@@ -1,4 +1,5 @@
-"""Small numerical checks shared by the input validation of every entry point."""
+"""Small numerical checks shared by the input validation of every entry point, and the one
+Dirichlet sampler."""
 from __future__ import annotations
 
 import torch
@@ -14,3 +15,17 @@ def all_finite(t: torch.Tensor) -> bool:
         return all_finite(torch.view_as_real(t))
     lo, hi = torch.aminmax(t.detach())
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
+def dirichlet_weights(rows: int, n: int, alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(rows, n) float64 Dirichlet(alpha, ..., alpha) draws: normalised Gamma(alpha) draws. For
+    alpha < 1 the draws are taken in log space (Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha), then
+    a softmax): plain Gamma(alpha) draws underflow to zero as alpha shrinks, and the rows then
+    come out as the centroid (or NaN) instead of near a vertex, where the distribution puts them."""
+    conc = torch.full((rows, n), float(alpha), dtype=torch.float64)
+    if alpha >= 1:
+        g = torch._standard_gamma(conc, generator=generator)
+        return g / g.sum(-1, keepdim=True)
+    log_g = torch._standard_gamma(conc + 1, generator=generator).log()
+    u = torch.rand(rows, n, dtype=torch.float64, generator=generator).clamp_min(torch.finfo(torch.float64).tiny)
+    return torch.softmax(log_g + u.log() / alpha, dim=-1)

@@ -5,7 +5,11 @@ perturbations keep it from fitting those images alone (see tests/test_real_data.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+from ..numerics import dirichlet_weights
 
 
 class RandomShift:
@@ -63,18 +67,22 @@ class Mixup:
     label_preserving = False
 
     def __init__(self, alpha: float = 1.0):
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"alpha (Mixup's Beta concentration) must be a finite number > 0, got {alpha!r}")
         self.alpha = float(alpha)
 
     def __call__(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
         if not x.is_floating_point():
             raise TypeError(f"Mixup blends real-valued inputs (images), got {x.dtype} (token ids cannot be blended)")
         B = x.shape[0]
-        a = torch.tensor(self.alpha, dtype=torch.float64)
-        g1 = torch._standard_gamma(a.expand(B), generator=gen)
-        g2 = torch._standard_gamma(a.expand(B), generator=gen)
-        w = (g1 / (g1 + g2)).to(device=x.device, dtype=x.dtype).reshape(B, *([1] * (x.dim() - 1)))
+        if self.alpha >= 1:
+            a = torch.tensor(self.alpha, dtype=torch.float64)
+            g1 = torch._standard_gamma(a.expand(B), generator=gen)
+            g2 = torch._standard_gamma(a.expand(B), generator=gen)
+            w = g1 / (g1 + g2)
+        else:  # Beta(alpha, alpha) draws that do not underflow to 0 / 0 (numerics.dirichlet_weights)
+            w = dirichlet_weights(B, 2, self.alpha, gen)[:, 0]
+        w = w.to(device=x.device, dtype=x.dtype).reshape(B, *([1] * (x.dim() - 1)))
         partner = torch.randperm(B, generator=gen).to(x.device)
         return w * x + (1 - w) * x[partner]
 

@@ -21,6 +21,7 @@ from ..sweep.batches import reiterable
 from ..sweep.checks import check_batch, spec_from_params
 from ..sweep.evaluate import EvalOptions, evaluate_mixtures
 from ..sweep.metrics import has_kept_targets, task_loss
+from ..numerics import dirichlet_weights
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, check_same_arch, prepare_params
 from . import learned_checkpoint
@@ -33,8 +34,7 @@ LAMBDA_MODES = ("narrow", "uniform", "fixed")
 def sample_weights(mode, n_models: int, k: int, gen: torch.Generator, alpha: float = 1.0) -> torch.Tensor:
     """(k, n_models) mixing weights for one step."""
     if n_models > 2:
-        g = torch._standard_gamma(torch.full((k, n_models), float(alpha), dtype=torch.float64), generator=gen)
-        return g / g.sum(-1, keepdim=True)
+        return dirichlet_weights(k, n_models, float(alpha), gen)
     if isinstance(mode, (int, float)):
         lam = torch.full((k,), float(mode), dtype=torch.float64)
     elif mode == "narrow":

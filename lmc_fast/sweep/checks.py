@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.functional import embedding_names
+from ..numerics import all_finite
 
 #: Hugging Face's "ignore this position" label: excluded from the loss and every metric.
 IGNORE_INDEX = -100
@@ -103,7 +104,7 @@ def _fits_patches(spec: InputSpec, shape) -> bool:
 def check_images(spec: InputSpec, x: torch.Tensor) -> None:
     if not x.is_floating_point():
         raise ValueError(f"images must be a floating-point tensor, got {x.dtype}")
-    if x.numel() and not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"images hold {bad} NaN or infinite value(s); every pixel must be finite")
     if x.dim() == 4 and (x.shape[1:] == spec.image_shape if spec.image_shape else _fits_patches(spec, x.shape[1:])):

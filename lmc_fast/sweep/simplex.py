@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ..numerics import dirichlet_weights
 from .barrier import public_engine
 from .batches import reiterable
 from .checks import as_real, spec_from_model
@@ -35,9 +36,7 @@ def check_samples(n) -> int:
 def dirichlet(n: int, n_models: int, alpha: float, seed: int) -> torch.Tensor:
     """(n, n_models) Dirichlet(alpha) draws: normalised Gamma(alpha) draws from a private,
     seeded generator (no global state)."""
-    gen = torch.Generator().manual_seed(seed)
-    gamma = torch._standard_gamma(torch.full((n, n_models), alpha, dtype=torch.float64), generator=gen)
-    return gamma / gamma.sum(-1, keepdim=True)
+    return dirichlet_weights(n, n_models, alpha, torch.Generator().manual_seed(seed))
 
 
 def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, space: str = "canonical",
