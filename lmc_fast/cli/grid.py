@@ -33,7 +33,8 @@ def run(args, con: Console) -> int:
     from ..grid import run as run_grid
 
     spec = load_spec(args.spec)  # a bad spec fails before torch loads, naming its key
-    result = run_grid(spec, Path(args.out), resume=args.resume, log=con.log, profile=args.profile)
+    result = run_grid(spec, Path(args.out), resume=args.resume, log=con.log, profile=args.profile,
+                      inputs=(args.spec,))
     if result["rank"] == 0:
         con.out(markdown_table(result["summary"]).rstrip())
         if result.get("simplex_summary"):

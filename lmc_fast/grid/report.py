@@ -90,6 +90,56 @@ def simplex_markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _json_lines(head: bytes) -> bool:
+    import json
+
+    lines = head.decode("utf-8", errors="ignore").splitlines()
+    lines = lines[:-1] if len(head) == _HEAD else lines  # the last line may be cut
+    try:
+        return all(isinstance(r := json.loads(line), dict) and "key" in r for line in lines)
+    except ValueError:
+        return False
+
+
+def _grid_json(head: bytes) -> bool:
+    import json
+
+    try:
+        obj = json.loads(head.decode("utf-8", errors="ignore"))
+    except ValueError:
+        return len(head) == _HEAD and head.lstrip().startswith(b'{') and b'"kind": "grid"' in head
+    return isinstance(obj, dict) and obj.get("kind") == "grid"
+
+
+_HEAD = 1 << 16
+_PNG = b"\x89PNG\r\n\x1a\n"
+#: every file a grid writes at the top of its folder, with a test of its first bytes: a file there that
+#: fails it was not written by a grid, and is not overwritten
+REPORT_FILES = {
+    "results.jsonl": _json_lines,
+    "summary.csv": lambda head: head.startswith(b"method,n,"),
+    "summary_simplex.csv": lambda head: head.startswith(b"method,n,"),
+    "summary.md": lambda head: head.startswith(b"# Grid summary\n"),
+    "barriers.png": lambda head: head.startswith(_PNG),
+    "curves.png": lambda head: head.startswith(_PNG),
+    "grid.json": _grid_json,
+}
+
+
+def foreign_report_file(path: Path) -> bool:
+    """Whether `path` (one of REPORT_FILES) exists and holds something a grid did not write."""
+    if not path.exists() and not path.is_symlink():
+        return False
+    if path.is_symlink() or not path.is_file():
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+        return not REPORT_FILES[path.name](head)
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
 def write_reports(records: list[dict], spec, out: Path) -> list[dict]:
     """Every output of rank 0; returns the summary rows of the pairs (simplex rows: summary_simplex.csv)."""
     from .plots import plot_barriers, plot_grid_curves
@@ -114,5 +164,5 @@ def write_reports(records: list[dict], spec, out: Path) -> list[dict]:
     return rows
 
 
-__all__ = ["SIMPLEX_QUANTITIES", "markdown_table", "pair_records", "simplex_markdown_table", "simplex_records",
+__all__ = ["REPORT_FILES", "SIMPLEX_QUANTITIES", "foreign_report_file", "markdown_table", "pair_records", "simplex_markdown_table", "simplex_records",
            "summarise", "write_reports"]

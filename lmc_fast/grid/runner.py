@@ -291,17 +291,65 @@ def _profiled(fn, folder: Path, unit: Unit):
     return result
 
 
-def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profile=None) -> dict:
+#: the folders a grid owns under its output folder (their files are named by unit keys; sweeps/ is removed)
+OWNED_FOLDERS = ("units", "alignments", "sweeps", "models")
+
+
+def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
+    """Before any work, one line (ValueError) when the grid would write over something it must
+    not: an input (the spec file, the [data] file or folder, a model) that is one of its outputs,
+    inside a folder it owns or holding the output folder; a file at one of its report names that
+    a grid did not write; an output folder that is a file."""
+    from ..cli.data import data_paths
+    from .report import REPORT_FILES, foreign_report_file
+
+    ins = [Path(p) for p in inputs] + data_paths(spec.data) + [Path(p) for p in spec.models]
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    real_out = out.resolve()
+    # models/ only where the grid trains its models there (given paths may well point into it)
+    owned = [real_out / name for name in OWNED_FOLDERS if name != "models" or not spec.models]
+    files = [real_out / name for name in REPORT_FILES]
+    for src in ins:
+        real = src.resolve()
+        if real == real_out or real in real_out.parents:
+            raise ValueError(f"--out {out}: is the input {src} or inside it; choose another output folder")
+        if real in files:
+            raise ValueError(f"input {src} is the grid's output {real.name} in {out}; choose another --out")
+        for folder in owned:
+            if real == folder or folder in real.parents:
+                raise ValueError(f"input {src} is inside {folder.name}/ of {out}, which the grid writes; "
+                                 f"choose another --out")
+    if profile is not None:
+        trace = Path(profile).resolve()
+        if trace in files or any(trace == f or f in trace.parents for f in owned):
+            raise ValueError(f"--profile {profile}: inside the grid's own outputs in {out}; choose another folder")
+        if Path(profile).exists() and not Path(profile).is_dir():
+            raise ValueError(f"--profile {profile}: exists and is not a folder (the trace is written into a folder)")
+        if any(trace == src.resolve() or src.resolve() in trace.parents for src in ins):
+            raise ValueError(f"--profile {profile}: is an input or inside one; choose another folder")
+    for name in REPORT_FILES:
+        if foreign_report_file(out / name):
+            raise ValueError(f"{out / name}: exists and was not written by a grid; not overwriting it "
+                             f"(move it, or choose another --out)")
+
+
+def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profile=None, inputs=()) -> dict:
     """Run grid `spec` (a GridSpec, a spec dict, or a TOML path) into folder `out`.
 
     Returns {"records": [...], "summary": [...], "computed": units computed by this process,
     "reused": units found finished, "rank", "world"}; records/summary only on rank 0 (else empty).
-    `profile`: a folder for a torch.profiler Chrome trace of one unit rank 0 computes (its first aligning one)."""
+    `profile`: a folder for a torch.profiler Chrome trace of one unit rank 0 computes (its first aligning one).
+    `inputs`: more paths the grid reads and must never write (the CLI's spec file); a spec given as a
+    path is one. Every output is checked against them before any work (`check_outputs`)."""
     from ..atomic import write_json
     from .report import write_reports
 
+    if isinstance(spec, (str, Path)):
+        inputs = (*inputs, spec)
     spec = _as_spec(spec)
     out = Path(out)
+    check_outputs(spec, out, inputs, profile)
     say = log or (lambda msg: None if quiet else print(msg, flush=True))
     with process_group(spec.device) as group:
         def rank_say(msg):
@@ -376,4 +424,4 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
     return result
 
 
-__all__ = ["Runner", "read_unit", "run"]
+__all__ = ["OWNED_FOLDERS", "Runner", "check_outputs", "read_unit", "run"]
