@@ -153,7 +153,8 @@ def _neox_shakespeare() -> Recipe:
         data=functools.partial(_shakespeare, 64),
         batch_size=32,
         hparams=dict(steps=300, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0),
-        measured=dict(),
+        measured=dict(steps=300, seconds=68.2, test_loss=2.109, test_ppl=8.24, test_acc=0.385, train_loss=2.110,
+                      chance_loss=5.545),
         notes="Pythia-shaped GPT-NeoX (LayerNorms with biases, parallel attention and MLP, rotary positions on "
               "a quarter of each 32-dim head, MLP 4x, untied head), on gpt2-shakespeare's data: byte-level "
               "Shakespeare, blocks of 64.",

@@ -45,3 +45,15 @@ def test_one_model_registry():
     assert io._HF_CLASSES == {t: name for t, (name, _) in HUGGING_FACE.items()}
     for _, (model_cls, config_cls, adapter) in REFERENCE.items():
         assert type(adapter_for(model_cls(config_cls()))) is adapter
+
+
+def test_recipe_names_agree_with_the_recipes():
+    """The torch-free recipe table (CLI parsers, grid specs) names exactly the recipes there are, and each
+    recipe's model is a model `train` builds."""
+    from lmc_fast.cli.train import MODEL_TYPES
+    from lmc_fast.recipe_names import RECIPE_DATA, RECIPE_MODELS, recipe_for
+    from lmc_fast.recipes import NAMES
+
+    assert tuple(RECIPE_DATA) == NAMES
+    assert set(RECIPE_MODELS) <= set(MODEL_TYPES)
+    assert recipe_for("neox", "shakespeare") == "neox-shakespeare" and recipe_for("neox", "digits") is None

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from ..method_names import DATA_FREE_METHODS as METHODS  # torch-free names of the registry's data-free methods
 
-MODELS = ("gpt2", "vit")
-DATA = ("shakespeare", "digits", "fashion-mnist")  # the recipes' data (recipe = MODEL-DATA)
+from ..recipe_names import RECIPE_DATA, RECIPE_DATASETS as DATA, RECIPE_MODELS as MODELS  # recipe = MODEL-DATA
 
 
 def _int_at_least(low: int, rule: str):
@@ -37,7 +36,7 @@ def register(subparsers, parents):
                     "on other data orders, report the barrier of every pair raw and after weight matching", parents)
     q.add_argument("--model", choices=MODELS, default="gpt2", help="architecture")
     q.add_argument("--data", choices=DATA, default="shakespeare",
-                   help="recipe data (gpt2: shakespeare; vit: digits, fashion-mnist)")
+                   help=f"recipe data (the recipes: {', '.join(RECIPE_DATA)})")
     q.add_argument("--spawn-steps", type=_int_at_least(0, "must be an integer >= 0"), nargs="+",
                    default=[0, 50, 100, 200], metavar="K",
                    help="steps at which copies fork from the parent (each below --steps)")
@@ -57,11 +56,11 @@ def register(subparsers, parents):
 
 def _recipe_name(args) -> str:
     from .console import CLIError
-    from ..recipes import NAMES
+    from ..recipe_names import recipe_for
 
-    name = f"{args.model}-{args.data}"
-    if name not in NAMES:
-        raise CLIError(f"--model {args.model} --data {args.data}: no such recipe; recipes: {', '.join(NAMES)}")
+    name = recipe_for(args.model, args.data)
+    if name is None:
+        raise CLIError(f"--model {args.model} --data {args.data}: no such recipe; recipes: {', '.join(RECIPE_DATA)}")
     return name
 
 

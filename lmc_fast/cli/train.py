@@ -98,10 +98,9 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
         raise CLIError(f"--model {args.model} needs text data (text:PATH or shakespeare), got {args.data!r}")
     if args.model == "vit" and not isinstance(train_ds, ImageDataset):
         raise CLIError(f"--model vit needs image data, got {args.data!r}")
-    recipes = {("vit", "digits"): "vit-digits", ("vit", "fashion-mnist"): "vit-fashion-mnist",
-               ("gpt2", "shakespeare"): "gpt2-shakespeare", ("llama", "shakespeare"): "llama-shakespeare",
-               ("neox", "shakespeare"): "neox-shakespeare"}
-    rec = recipes.get((args.model, name))
+    from ..recipe_names import recipe_for
+
+    rec = recipe_for(args.model, name)
     if rec is not None:
         r = recipe(rec)
         cfg, hp, bs = r.model_config, dict(r.hparams), r.batch_size

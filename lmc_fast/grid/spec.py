@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..match.methods import METHODS, REGISTRY
+from ..recipe_names import RECIPE_DATA  # the default [data] spec when [models] names a recipe
 
-#: data each recipe trains on, the default [data] spec when [models] names a recipe
-RECIPE_DATA = {"vit-digits": "digits", "vit-fashion-mnist": "fashion-mnist", "gpt2-shakespeare": "shakespeare",
-               "llama-shakespeare": "shakespeare", "neox-shakespeare": "shakespeare"}
 MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that loads torch)
 
 _KEYS = {
