@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..match.methods import METHODS, REGISTRY
+from ..match.options import check_option
 from ..recipe_names import RECIPE_DATA  # the default [data] spec when [models] names a recipe
 
 MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that loads torch)
@@ -44,6 +45,7 @@ _KEYS = {
     "simplex": {"groups", "methods", "samples", "alpha", "seed"},
 }
 MAX_SIMPLEX_SAMPLES = 100_000  # as lmc_fast.sweep.simplex.MAX_SAMPLES
+MAX_PAIRS = 100_000  # pairs of one grid (each is a unit per method: past this it is a typo)
 
 
 @dataclass(frozen=True)
@@ -148,10 +150,15 @@ def _lambdas(value) -> tuple[float, ...]:
 
 def _pairs(value, n: int) -> tuple[tuple[int, int], ...]:
     if value == "all":
+        if n * (n - 1) // 2 > MAX_PAIRS:  # counted, not built: a typo'd seed list must not fill the memory
+            raise ValueError(f"grid.pairs: \"all\" of {n} models makes {n * (n - 1) // 2} pairs, more than "
+                             f"{MAX_PAIRS}; list fewer models or the pairs")
         pairs = list(itertools.combinations(range(n), 2))
     elif value == "consecutive":
         pairs = [(i, i + 1) for i in range(n - 1)]
     elif isinstance(value, list) and value:
+        if len(value) > MAX_PAIRS:
+            raise ValueError(f"grid.pairs: {len(value)} pairs listed, more than {MAX_PAIRS}")
         pairs = []
         for p in value:
             if (not isinstance(p, list) or len(p) != 2
@@ -226,6 +233,7 @@ def _options(table) -> tuple[dict, dict]:
 
                 if v not in AUGMENTATIONS:
                     raise ValueError(f"methods.{name}.augment: one of {', '.join(AUGMENTATIONS)}, got {v!r}")
+            check_option(key, v, f"methods.{name}.{key}")  # the rule lf.align applies, before any unit runs
         out[name] = dict(sorted(opts.items()))
     return out, bases
 

@@ -8,6 +8,7 @@ from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, check_same_arch, model_fingerprint, prepare_params, spec_for
 from ..sweep.batches import Checked
 from ..sweep.checks import spec_from_params
+from .options import check_options
 from .methods import ALIGN_METHODS as METHODS  # the registry (match/methods.py) lists them
 
 
@@ -68,6 +69,9 @@ def align(model_a, model_b, method: str = "weight", data=None, *, seed: int = 0,
         raise ValueError("dtype is an option of methods 'weight', 'permutation' and 'activation', not 'learned'")
     if dtype not in (None, torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    # every option by its one rule (options.py), before any work
+    check_options(dict(seed=seed, max_iter=max_iter, tol=tol, order=order, max_batches=max_batches, heads=heads,
+                       weighting=weighting, **learned_kw))
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}

@@ -25,10 +25,10 @@ from ..numerics import dirichlet_weights
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment, check_same_arch, prepare_params
 from . import learned_checkpoint
+from .options import LAMBDA_MODES, PRESET_NAMES, TARGETS, check_option, check_options
 from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment
 from .learned_module import mix as _mix  # noqa: F401 - the old private name
 
-LAMBDA_MODES = ("narrow", "uniform", "fixed")
 
 
 def sample_weights(mode, n_models: int, k: int, gen: torch.Generator, alpha: float = 1.0) -> torch.Tensor:
@@ -49,10 +49,12 @@ def sample_weights(mode, n_models: int, k: int, gen: torch.Generator, alpha: flo
 
 
 def split_batches(data, val_fraction: float):
+    check_option("val_fraction", val_fraction)
     batches = list(reiterable(data))
     if len(batches) < 2:
         raise ValueError("learned matching needs at least 2 batches (training and a validation split)")
-    n_val = max(1, int(round(len(batches) * val_fraction)))
+    # at least one batch on each side, whatever the fraction rounds to
+    n_val = min(max(1, int(round(len(batches) * val_fraction))), len(batches) - 1)
     return batches[:-n_val], batches[-n_val:]
 
 
@@ -61,7 +63,6 @@ def _val_barrier(arch, params_list, mixes, val, own_losses, options: EvalOptions
     return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
 
 
-TARGETS = ("labels", "endpoints")
 
 
 def _soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -124,14 +125,12 @@ def _lr_factor(step: int, steps: int, warmup: float) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step - w, steps - w) / max(steps - w, 1)))
 
 
-def _check_optimiser(weight_decay, warmup, clip) -> None:
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
-        raise ValueError(f"weight_decay must be a number in [0, 1), got {weight_decay!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
-        raise ValueError(f"warmup (a fraction of the steps) must be in [0, 1), got {warmup!r}")
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
-                             or not math.isfinite(clip) or clip <= 0):
-        raise ValueError(f"clip (the gradients' max norm) must be a number > 0 or None, got {clip!r}")
+def _check_loop_options(**options) -> None:
+    """The loop's settings, each by its one rule (options.py), before any work; None is not a value here."""
+    for name, value in options.items():
+        if value is None and name not in ("clip", "checkpoint_every"):
+            raise ValueError(f"{name} must be given (None is only a preset's placeholder)")
+        check_option(name, value)
 
 
 def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, lam="narrow", alpha=1.0,
@@ -153,7 +152,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     Returns (best hard elements per model after the first, info).
     """
     _check_target(target, augment)
-    _check_optimiser(weight_decay, warmup, clip)
+    _check_loop_options(steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step, eval_every=eval_every,
+                        patience=patience, seed=seed, temperature=temperature, weight_decay=weight_decay,
+                        warmup=warmup, clip=clip, checkpoint_every=checkpoint_every)
     checkpoint_every = _check_checkpointing(checkpoint, checkpoint_every, eval_every)
     spec, arch, params_list, learn = module.spec, module.arch, module.params_list, module.learn
     N = module.n_models
@@ -284,7 +285,7 @@ PRESETS = {
     "distill": dict(steps=1000, lr=1e-2, lam="uniform", lambdas_per_step=2, val_fraction=0.2, eval_every=100,
                     patience=6, target="endpoints", augment="auto", weight_decay=0.0, warmup=0.0, clip=None),
 }
-PRESET_NAMES = ("default", *PRESETS)
+assert set(PRESET_NAMES) == {"default", *PRESETS}  # options.py names them for the checks
 #: End models whose mean training loss is below this have memorised their training data: the labels
 #: carry no signal left, and only "distill" still learns. Over 5 pairs per setting at 300 steps
 #: (bench/results/table1.md): digits ViTs (training loss 7e-4) "distill" 0.091 vs "paper" 0.124 median
@@ -360,8 +361,9 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     given = dict(steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
                  eval_every=eval_every, patience=patience, target=target, weight_decay=weight_decay, warmup=warmup,
                  clip=clip, augment=None if augment == "preset" else augment)
-    if preset not in PRESET_NAMES:
-        raise ValueError(f"preset must be one of {PRESET_NAMES}, got {preset!r}")
+    check_options({k: v for k, v in given.items() if k != "augment"})  # every setting, before any work
+    check_options(dict(preset=preset, head_map=head_map, learn=learn, temperature=temperature, seed=seed,
+                       checkpoint_every=checkpoint_every))
     if checkpoint is not None:  # before the preset's evaluation and the initial matching
         learned_checkpoint.check_path(checkpoint)
     data = list(reiterable(data))
@@ -408,6 +410,8 @@ def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: f
     from .many import merge_many
 
     alpha = check_alpha(alpha)
+    check_options(dict(steps=steps, lr=lr, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
+                       eval_every=eval_every, patience=patience, target=target, temperature=temperature, seed=seed))
     models = widen_all(models)  # narrower MLPs zero-padded, as merge_many does
     merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
     spec = alignments[1].spec

@@ -24,9 +24,9 @@ from ..models import functional as Fn
 from ..sweep.checks import check_images, check_token_ids, spec_from_params
 from ..symmetry import Alignment, canonical_spec, check_same_arch, model_fingerprint, prepare_params
 from ..symmetry import elements as E
+from .options import LEARN_MODES
 from .projection import Latents, apply_dense
 
-LEARN_MODES = ("all", "continuous", "residual", "permutations")
 #: latent names each `learn` mode trains (None: all); the others stay at their initial solution
 _LEARNED = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",),
             "permutations": ("mlp_latent", "head_perm", "head_qperm")}

@@ -1,0 +1,105 @@
+"""Hostile options: every option of `lf.align` (and of a grid's [methods.NAME] tables, at parse
+time) is checked by its one rule before any work starts, and refused in one line naming it;
+none is accepted to run nothing (steps=-3, max_iter=-5) or to fail deep inside (eval_every=0,
+val_fraction=1.0)."""
+import pytest
+import torch
+
+import lmc_fast as lf
+import lmc_fast.grid as grid
+from lmc_fast.grid.spec import parse_spec
+from lmc_fast.match import learned, weight
+from zoo import make_inputs, make_model
+
+
+def _data(n=4):
+    return [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(n)]
+
+
+# (case id, method, option, bad value, text of the one line)
+BAD = [
+    ("max-iter-negative", "weight", "max_iter", -5, "max_iter must be a whole number"),
+    ("max-iter-fraction", "weight", "max_iter", 2.5, "max_iter must be a whole number"),
+    ("tol-nan", "weight", "tol", float("nan"), "tol must be a finite number"),
+    ("seed-negative", "weight", "seed", -1, "seed must be a whole number"),
+    ("permutation-max-iter-zero", "permutation", "max_iter", 0, "max_iter must be a whole number"),
+    ("activation-max-batches-zero", "activation", "max_batches", 0, "max_batches must be a whole number"),
+    ("steps-negative", "learned", "steps", -3, "steps must be a whole number"),
+    ("steps-bool", "learned", "steps", True, "steps must be a whole number"),
+    ("eval-every-zero", "learned", "eval_every", 0, "eval_every must be a whole number"),
+    ("patience-zero", "learned", "patience", 0, "patience must be a whole number"),
+    ("lambdas-per-step-zero", "learned", "lambdas_per_step", 0, "lambdas_per_step must be a whole number"),
+    ("val-fraction-one", "learned", "val_fraction", 1.0, "val_fraction must be a finite number"),
+    ("val-fraction-zero", "learned", "val_fraction", 0.0, "val_fraction must be a finite number"),
+    ("lr-negative", "learned", "lr", -1.0, "lr must be a finite number"),
+    ("lr-nan", "learned", "lr", float("nan"), "lr must be a finite number"),
+    ("temperature-zero", "learned", "temperature", 0.0, "temperature must be a finite number"),
+    ("lam-outside-the-segment", "learned", "lam", 1.5, "lam must be one of"),
+    ("checkpoint-every-zero", "learned", "checkpoint_every", 0, "checkpoint_every must be a whole number"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_align_refuses_a_bad_option_before_any_work(monkeypatch, tmp_path, case):
+    _, method, option, value, text = case
+    calls = []
+    for module, name in ((weight, "weight_matching"), (learned, "end_models_training_loss"),
+                         (learned, "fit_alignments")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    kw = {option: value}
+    if option == "checkpoint_every":
+        kw["checkpoint"] = tmp_path / "c.ckpt"
+    with pytest.raises(ValueError, match=text):
+        lf.align(a, b, method, data=_data() if method in ("activation", "learned") else None, **kw)
+    assert not calls  # nothing ran
+
+
+def test_a_validation_fraction_leaves_a_training_batch():
+    """val_fraction 0.9 of 2 batches rounds to both: one stays for training (it raised StopIteration)."""
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    al = lf.align(a, b, "learned", data=_data(2), steps=2, eval_every=1, val_fraction=0.9)
+    assert al.info["steps"] == 2
+
+
+def _grid_spec(options, methods=("none", "learned")):
+    return {"data": {"spec": "digits", "max_batches": 2, "batch_size": 8},
+            "models": {"paths": ["/nonexistent/a", "/nonexistent/b"]},
+            "grid": {"pairs": "all", "methods": list(methods), "lambdas": 3}, "methods": {"learned": options}}
+
+
+# (NaN is refused by the spec's value check already; checkpoint_every is no grid option)
+GRID_BAD = [c for c in BAD if c[1] == "learned" and c[2] != "checkpoint_every" and c[0] != "lr-nan"]
+
+
+@pytest.mark.parametrize("case", GRID_BAD, ids=[c[0] for c in GRID_BAD])
+def test_grid_spec_refuses_a_bad_method_option_at_parse_time(case):
+    _, _, option, value, text = case
+    with pytest.raises(ValueError, match=f"methods.learned.{option}"):
+        parse_spec(_grid_spec({option: value}))
+
+
+def test_grid_refuses_a_bad_option_before_any_unit(tmp_path):
+    from lmc_fast.io import save_model
+    from lmc_fast.models import ViT, ViTConfig
+
+    paths = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), tmp_path / f"m{seed}")
+        paths.append(str(tmp_path / f"m{seed}"))
+    spec = _grid_spec({"steps": -3})
+    spec["models"]["paths"] = paths
+    with pytest.raises(ValueError, match="methods.learned.steps"):
+        grid.run(spec, tmp_path / "out", quiet=True)
+    assert not (tmp_path / "out" / "units").exists()
+
+
+@pytest.mark.parametrize("seeds", [2000, 60000])
+def test_grid_spec_counts_pairs_before_building_them(seeds):
+    spec = {"data": {"spec": "digits"}, "models": {"recipe": "vit-digits", "seeds": list(range(seeds))},
+            "grid": {"pairs": "all", "methods": ["none"]}}
+    with pytest.raises(ValueError, match="grid.pairs: \"all\" of .* pairs, more than"):
+        parse_spec(spec)
