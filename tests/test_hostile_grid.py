@@ -142,3 +142,82 @@ def test_profile_that_is_a_file_is_refused_before_any_unit(tmp_path, vits):
         grid.run(_spec(vits), out, quiet=True, profile=trace)
     _nothing_ran(out)
     assert trace.read_text() == "{}"
+
+
+# ---------------------------------------------------------------- unit records edited by hand
+
+
+def _pair_edit(field, change):
+    def edit(r):
+        if r.get("kind", "pair") == "pair":
+            r[field] = change(r[field])
+    return edit
+
+
+def _curve_edit(field, change):
+    def edit(r):
+        if "curve" in r:
+            r["curve"][field] = change(r["curve"][field])
+    return edit
+
+
+def _simplex_edit(field, change):
+    def edit(r):
+        if r.get("kind") == "simplex":
+            r[field] = change(r[field])
+    return edit
+
+
+def _drop(field):
+    def edit(r):
+        r.pop(field, None)
+    return edit
+
+
+# (case id, edit of every stored unit record)
+RECORDS = [
+    ("string-barrier", _pair_edit("barrier", str)),
+    ("missing-curve", lambda r: r.pop("curve", None)),
+    ("barrier-edited", _pair_edit("barrier", lambda b: b + 1.0)),
+    ("negative-barrier-below-the-curve", _pair_edit("barrier", lambda b: -5.0)),
+    ("acc-mid-above-one", _pair_edit("acc_mid", lambda a: 5.0)),
+    ("loss-mid-edited", _pair_edit("loss_mid", lambda v: v / 2)),
+    ("curve-shortened", _curve_edit("loss", lambda v: v[:-1])),
+    ("curve-loss-edited", _curve_edit("loss", lambda v: [x * 2 for x in v])),
+    ("curve-string-point", _curve_edit("acc", lambda v: ["x"] + v[1:])),
+    ("examples-missing", _drop("examples")),
+    ("centroid-string", _simplex_edit("centroid", str)),
+    ("centroid-edited", _simplex_edit("centroid", lambda c: c - 3.0)),
+    ("worst-edited", _simplex_edit("worst", lambda w: -1.0)),
+    ("simplex-samples-cut", lambda r: r.get("simplex", {}).get("samples", [None]).pop()),
+]
+
+
+def _simplex_spec(paths):
+    spec = _spec(paths)
+    spec["simplex"] = {"groups": [[0, 1]], "methods": ["none"], "samples": 3}
+    return spec
+
+
+@pytest.mark.parametrize("case", RECORDS, ids=[c[0] for c in RECORDS])
+def test_an_edited_unit_record_is_computed_again(tmp_path, vits, case):
+    _, edit = case
+    out = tmp_path / "o"
+    first = grid.run(_simplex_spec(vits), out, quiet=True)["records"]
+    for path in (out / "units").glob("*.json"):
+        record = json.loads(path.read_text())
+        edit(record)
+        path.write_text(json.dumps(record))
+    with pytest.warns(UserWarning, match=r"units/\w+\.json: damaged unit record"):
+        again = grid.run(_simplex_spec(vits), out, quiet=True)
+    assert again["reused"] < len(first)
+    assert _numbers(again["records"]) == _numbers(first)
+
+
+def _numbers(obj):
+    """The records without their timings and dates (what a recomputation may change)."""
+    if isinstance(obj, dict):
+        return {k: _numbers(v) for k, v in obj.items() if k not in ("seconds", "date", "memory")}
+    if isinstance(obj, list):
+        return [_numbers(v) for v in obj]
+    return obj

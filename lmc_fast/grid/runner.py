@@ -74,14 +74,21 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
-def read_unit(path: Path, key: str) -> dict | None:
-    """The stored record of unit `key`, or None if absent or not a finished record of that key."""
+def read_unit(path: Path, unit: Unit, spec: GridSpec, warn: bool = True) -> dict | None:
+    """The stored record of `unit`, validated in full (records.py); None if absent, and (with a
+    warning naming the file) if unreadable or damaged: the unit is then computed again."""
+    import warnings
+
+    from .records import check_record
+
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return check_record(json.loads(path.read_text(encoding="utf-8")), unit, spec)
+    except FileNotFoundError:
         return None
-    finished = "barrier" in record or "centroid" in record if isinstance(record, dict) else False
-    return record if finished and record.get("key") == key else None
+    except (OSError, ValueError) as exc:  # (a decoding error is a ValueError)
+        if warn:
+            warnings.warn(f"{path}: damaged unit record ({exc}); computing the unit again", stacklevel=2)
+        return None
 
 
 class Runner:
@@ -97,7 +104,13 @@ class Runner:
     # ---- data: the datasets once, the batches on first use (a grid of finished units never makes them)
     def datasets(self):
         if self._train_ds is None:
-            self._train_ds, self._test_ds = _data(self.spec)
+            from ..data.masked import for_task
+            from ..models.adapters import adapter_for
+            from ..sweep.metrics import task_of
+
+            model = self.models.get(0)
+            task = task_of(adapter_for(model).arch(model))  # masked-token models read masked blocks
+            self._train_ds, self._test_ds = (for_task(ds, task) for ds in _data(self.spec))
         return self._train_ds, self._test_ds
 
     def eval_batches(self) -> list:
@@ -363,7 +376,7 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
         fingerprints = runner.models.fingerprints()
         load_seconds = time.perf_counter() - t0
         units = make_units(spec, fingerprints)
-        pending = [u for u in units if not (resume and read_unit(_unit_path(out, u), u.key))]
+        pending = [u for u in units if not (resume and read_unit(_unit_path(out, u), u, spec, warn=group.is_main))]
         group.barrier()  # every rank has listed the pending units before any rank writes one
         mine = my_units(pending, group.rank, group.world)
         groups = (f" + {len(spec.simplex_groups)} simplex groups x {len(spec.simplex_methods)} methods"
@@ -395,7 +408,7 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
         if group.is_main:
             records = []
             for unit in units:
-                record = read_unit(_unit_path(out, unit), unit.key)
+                record = read_unit(_unit_path(out, unit), unit, spec)
                 if record is None:
                     raise RuntimeError(f"unit {unit.index} ({unit.method} on pair {unit.pair}) has no result file")
                 # the stored record may come from an equal unit of another grid (same weights, other paths)

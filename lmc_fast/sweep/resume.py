@@ -86,7 +86,7 @@ def _encode(value):
                 "values": [_encode(v) for v in value.reshape(-1).tolist()]}
     if isinstance(value, float):
         return {"hex": value.hex()}
-    if isinstance(value, (bool, int)) or value is None:
+    if isinstance(value, (bool, int, str)) or value is None:
         return value
     raise TypeError(f"cannot record a {type(value).__name__} of the metric sums")
 
@@ -98,7 +98,12 @@ def _decode_float(value) -> float:
 
 
 def _decode_like(name: str, value, like):
-    """`value` decoded to the type (and for a tensor the dtype and shape) of the field's fresh value `like`."""
+    """`value` decoded to the type (and for a tensor the dtype and shape) of the field's fresh value `like`
+    (None: an optional text field)."""
+    if like is None or isinstance(like, str):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be text or null, got {value!r:.60}")
+        return value
     if isinstance(like, bool):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {value!r:.60}")
