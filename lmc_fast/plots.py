@@ -1,4 +1,4 @@
-"""PNG figures (matplotlib, Agg backend): interpolation curves, simplex heat-maps, calibration.
+"""Figures (matplotlib, Agg backend; PNG, PDF or SVG by the file's suffix): interpolation curves, simplex heat-maps, calibration.
 
     from lmc_fast.plots import plot_calibration, plot_curves, plot_simplex
     plot_curves({"none": res_raw, "weight": res_weight}, "curves.png")   # BarrierResult or its dict
@@ -40,10 +40,25 @@ def _floats(values) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
+#: the figure formats, by file suffix (each one the Agg backend writes)
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def figure_format(path) -> str:
+    """The format a figure at `path` is written in, from its suffix; a ValueError for any other
+    suffix (a PNG named x.pdf, or x.jpg, would be bytes its name misstates)."""
+    fmt = Path(path).suffix.lower().removeprefix(".")
+    if fmt not in FIGURE_FORMATS:
+        raise ValueError(f"{path}: a figure's name must end in {', '.join('.' + f for f in FIGURE_FORMATS)} "
+                         f"(its format), got {('.' + fmt) if fmt else 'no suffix'}")
+    return fmt
+
+
 def _save(fig, path) -> Path:
     path = Path(path)
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=fig.dpi, bbox_inches="tight")
+    fmt = figure_format(path)
+    with atomic_file(path, suffix="." + fmt) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=fig.dpi, bbox_inches="tight")
     return path
 
 
@@ -245,7 +260,7 @@ def _figures(result: dict, path: Path) -> list:
     if curves:
         out.append(("curves", path, curves))
     if simplex is not None and len(simplex["models"]) == 3:
-        out.append(("simplex", path if not out else path.with_name(path.stem + "_simplex.png"), simplex))
+        out.append(("simplex", path if not out else path.with_name(path.stem + "_simplex" + path.suffix), simplex))
     if not out:
         raise ValueError("nothing to plot: the JSON has neither barrier curves ('results'/'lambdas') "
                          "nor a 3-model simplex sweep")

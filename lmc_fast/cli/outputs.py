@@ -18,6 +18,7 @@ class Outputs:
         self.inputs: list[Path] = []
         self.files: list[tuple[str, Path]] = []
         self.folders: list[tuple[str, Path]] = []
+        self.figures: list[tuple[str, Path]] = []
         for path in inputs:
             self.add_input(path)
 
@@ -32,6 +33,12 @@ class Outputs:
     def file(self, label: str, path) -> Path:
         self.files.append((label, Path(path)))
         return Path(path)
+
+    def figure(self, label: str, path) -> Path:
+        """A figure file: `file`, whose suffix must also name a format the plots write
+        (plots.figure_format; checked by `check`, after the paths)."""
+        self.figures.append((label, Path(path)))
+        return self.file(label, path)
 
     def folder(self, label: str, path) -> Path:
         self.folders.append((label, Path(path)))
@@ -68,6 +75,13 @@ class Outputs:
                 if real == other or (other_folder and other in real.parents) or (is_folder and real in other.parents):
                     raise CLIError(f"{where}: collides with {other_label}")
             seen.append((f"{label} {path}", real, is_folder))
+        from ..plots import figure_format
+
+        for label, path in self.figures:
+            try:
+                figure_format(path)
+            except ValueError as exc:
+                raise CLIError(f"{label} {exc}") from None
 
 
 def _check_parent(where: str, path: Path):

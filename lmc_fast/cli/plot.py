@@ -54,7 +54,7 @@ def run(args, con: Console) -> int:
     targets = result_figures(results[0], out) if len(paths) == 1 else [out]
     outputs = Outputs(paths)
     for target in targets:
-        outputs.file("--out", target)
+        outputs.figure("--out", target)
     outputs.check()
     if len(paths) == 1:
         written = plot_result_file(results[0], out, title=args.title)
@@ -94,7 +94,7 @@ def _run_calibration(args, paths, con: Console) -> int:
         except ValueError as exc:
             raise CLIError(f"{path}: {one_line(exc)}") from None
     outputs = Outputs(paths)
-    outputs.file("--out", out)
+    outputs.figure("--out", out)
     outputs.check()
     curves = calibration_results(list(zip(_labels(paths), results)))
     con.out(f"plot -> {plot_calibration(curves, out, title=args.title)}")

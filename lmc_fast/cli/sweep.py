@@ -51,7 +51,7 @@ def run(args, con: Console) -> int:
     outputs = Outputs([args.a, args.b, args.align, *data_paths(args.data)])
     outputs.file("--out", args.out)
     if args.plot:
-        outputs.file("--plot", args.plot)
+        outputs.figure("--plot", args.plot)
     outputs.check()
     a, b = load(args.a, args.device), load(args.b, args.device)
     space = args.space
