@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -315,14 +316,34 @@ def _signal_guard(what):
             raise InterruptedError(f"{what}: write interrupted by {signal.Signals(caught[0]).name}")
 
 
+#: how a writer written in Rust (safetensors) reports the OS error under it
+_RUST_OS_ERROR = re.compile(r'Os \{ code: (\d+), kind: \w+, message: "([^"]*)" \}')
+
+
+def os_error_of(exc: BaseException, path) -> OSError | None:
+    """The OSError a writer's exception reports (errno, message, `path`), if it is one in disguise:
+    safetensors' SafetensorError wraps "No space left on device" and the like."""
+    if isinstance(exc, OSError):
+        return None
+    m = _RUST_OS_ERROR.search(str(exc))
+    return OSError(int(m[1]), m[2], str(path)) if m else None
+
+
 @contextlib.contextmanager
 def writing(path: Path, *also):
     """The frame of every write of `path`: signals guarded, the target locked, stale temps of `path`
-    (and of the sibling names in `also`) removed."""
+    (and of the sibling names in `also`) removed. An OS error a writer reports in its own type
+    leaves as the OSError it is (the temp files are gone by then), so callers see one kind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with _signal_guard(path), _target_lock(path):
         remove_stale_temps(path.parent, [path.name, *also])
-        yield
+        try:
+            yield
+        except Exception as exc:
+            os_exc = os_error_of(exc, path)
+            if os_exc is None:
+                raise
+            raise os_exc from exc
 
 
 @contextlib.contextmanager
