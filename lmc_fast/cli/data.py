@@ -52,7 +52,9 @@ def load_data(spec: str, block_size: int = 64, limit: int | None = None):
 
 def _context(model) -> int | None:
     c = getattr(model, "config", None)
-    return getattr(c, "block_size", None) or getattr(c, "n_positions", None)
+    # every name a supported config gives its context (Llama, Mistral, Qwen2, NeoX: max_position_embeddings)
+    return (getattr(c, "block_size", None) or getattr(c, "n_positions", None)
+            or getattr(c, "max_position_embeddings", None))
 
 
 def _data_spec(args, models) -> str:
