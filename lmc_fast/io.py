@@ -150,6 +150,8 @@ def checkpoint_kind(path) -> str:
     if str(obj.get("format", "")).startswith("lmc_fast.model/"):
         return "lmc_fast"
     if "model_type" in obj:
+        if not isinstance(obj["model_type"], str):  # a registry key: a list or a number would not even hash
+            raise CheckpointError(f"{cfg}: config field model_type is {_short(obj['model_type'])}: must be a string")
         return "hf"
     raise CheckpointError(f"{cfg}: neither an lmc_fast config (format) nor a Hugging Face config (model_type)")
 
@@ -413,7 +415,7 @@ def _our_header(path: Path, meta: dict):
 def _check_header(obj: dict, where: Path) -> dict:
     if not str(obj.get("format", "")).startswith("lmc_fast.model/"):
         raise CheckpointError(f"{where}: not an lmc_fast model config (format {_short(obj.get('format'))})")
-    if obj.get("model_type") not in _CLASSES:
+    if not isinstance(obj.get("model_type"), str) or obj["model_type"] not in _CLASSES:
         raise CheckpointError(f"{where}: model_type must be one of {sorted(_CLASSES)}, "
                               f"got {_short(obj.get('model_type'))}")
     if not isinstance(obj.get("config"), dict):
