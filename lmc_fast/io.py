@@ -40,6 +40,7 @@ import torch
 from .atomic import (atomic_dir, atomic_file, commit, finite_json, folder_for_write, fsync_path, json_text,
                      remove_stale_temps, signals_deferred, staged, temp_folder, write_json, writing)
 from .errors import CheckpointError, CheckpointNotFoundError
+from .paths import utf8_name
 from .models.adapters import HUGGING_FACE, REFERENCE, UnsupportedModelError, adapter_for, reference_model_type
 from .numerics import all_finite
 
@@ -311,7 +312,7 @@ def _read_specs(path: Path):
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path}: weights file not found")
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with utf8_name(path) as name, safe_open(name, framework="pt") as f:
             meta = f.metadata() or {}
             specs = {}
             for k in f.keys():
@@ -454,7 +455,7 @@ def _load_ours(path: Path):
     model = cls(config).to(_common_dtype(specs))  # sizes now match the file: allocating is safe
     target = model.state_dict()
     try:
-        with safe_open(str(weights), framework="pt") as f, torch.no_grad():
+        with utf8_name(weights) as name, safe_open(name, framework="pt") as f, torch.no_grad():
             for k in specs:
                 t = f.get_tensor(k)
                 if not all_finite(t):
