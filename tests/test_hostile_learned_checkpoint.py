@@ -171,3 +171,18 @@ def test_align_refuses_to_overwrite_a_file_it_did_not_write(tmp_path, monkeypatc
     with pytest.raises(ValueError, match=rf"{path.name} holds something other than a learned-matching checkpoint"):
         lf.align(a, b, "learned", data=data, steps=4, eval_every=2, checkpoint=path, checkpoint_every=2)
     assert path.read_bytes() == before and not calls  # refused before any work
+
+
+def test_a_checkpoint_in_a_non_utf8_folder_resumes(tmp_path, monkeypatch):
+    """Not refused as "something other than a learned-matching checkpoint": safetensors takes only UTF-8 names."""
+    import os
+
+    folder = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9")
+    os.mkdir(folder)
+    ckpt = os.path.join(folder, "unit.learned.ckpt")
+    _killed_run(monkeypatch, ckpt)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _same(_run(checkpoint=ckpt, checkpoint_every=3), _run())

@@ -132,8 +132,10 @@ def _read(path: Path):
     """(metadata, tensors) of a learned-matching checkpoint; a ValueError for any other file."""
     from safetensors import safe_open
 
+    from ..paths import utf8_name
+
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with utf8_name(path) as name, safe_open(name, framework="pt") as f:
             text = (f.metadata() or {}).get(_META)
             meta = json.loads(text) if isinstance(text, str) else None
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
