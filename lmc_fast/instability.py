@@ -155,16 +155,75 @@ def _save_optimizer(opt, path: Path) -> None:
         save_file(tensors, str(tmp), metadata={"format": FORMAT + ".optimizer"})
 
 
-def _load_optimizer(opt, path: Path) -> None:
-    from safetensors.torch import load_file
+#: the AdamW state of one parameter, as `_save_optimizer` writes it
+_ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")
 
+
+def _read_optimizer(opt, path: Path, step: int) -> dict:
+    """AdamW's state saved at `path` for `opt`'s parameters after `step` steps, validated in full (names,
+    shapes, dtypes, finiteness, step counts); a CheckpointError naming the file otherwise."""
+    from safetensors import safe_open
+
+    from .paths import utf8_name
+
+    try:
+        with utf8_name(path) as name, safe_open(name, framework="pt") as f:
+            if (f.metadata() or {}).get("format") != FORMAT + ".optimizer":
+                raise ValueError("not an instability optimizer file")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # noqa: BLE001 - missing, truncated or foreign: safetensors has its own types
+        raise CheckpointError(f"{path}: unreadable optimizer state ({' '.join(str(exc).split())[:160]})") from None
+    params = [p for g in opt.param_groups for p in g["params"]]
     state: dict = {}
-    for key, t in load_file(str(path)).items():
-        _, i, name = key.split(".", 2)
-        state.setdefault(int(i), {})[name] = t
+    try:
+        for key, t in tensors.items():
+            kind, i, name = key.split(".", 2)
+            if kind != "state" or not i.isdigit() or int(i) >= len(params) or name not in _ADAM_STATE:
+                raise ValueError(f"unknown tensor {key!r}")
+            state.setdefault(int(i), {})[name] = t
+        for i, st in state.items():
+            p = params[i]
+            if set(st) != set(_ADAM_STATE):
+                raise ValueError(f"parameter {i} lacks {', '.join(sorted(set(_ADAM_STATE) - set(st)))}")
+            for name in ("exp_avg", "exp_avg_sq"):
+                t = st[name]
+                if t.shape != p.shape or t.dtype != p.dtype or not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"parameter {i}'s {name} is {t.dtype} {tuple(t.shape)} (or not finite), "
+                                     f"the parameter {p.dtype} {tuple(p.shape)}")
+            if bool((st["exp_avg_sq"] < 0).any()):
+                raise ValueError(f"parameter {i}'s exp_avg_sq is negative")
+            n = st["step"]
+            if n.numel() != 1 or not n.is_floating_point() or not (1 <= float(n) <= step and float(n) == int(n)):
+                raise ValueError(f"parameter {i}'s step count {n.tolist()} is not a whole number in [1, {step}]")
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: damaged optimizer state ({exc})") from None
+    if step and not state:
+        raise CheckpointError(f"{path}: damaged optimizer state (no state after {step} steps)")
+    return state
+
+
+def _load_optimizer(opt, path: Path, step: int) -> None:
     sd = opt.state_dict()
-    sd["state"] = state
+    sd["state"] = _read_optimizer(opt, path, step)
     opt.load_state_dict(sd)  # moves the tensors to the parameters' device
+
+
+def _load_parent(out: Path, k: int, device, hp: dict):
+    """(model, optimizer) of the parent's unit at step `k`, or None when it is missing or damaged (its
+    model or its optimizer state: a damaged one is warned about, and the unit trained again)."""
+    import warnings
+
+    unit = _parent_unit(out, k)
+    model = _load_unit(unit, device)
+    if model is None:
+        return None
+    opt = _new_optimizer(model, hp)
+    try:
+        _load_optimizer(opt, unit / OPTIMIZER_FILE, k)
+    except CheckpointError as exc:
+        warnings.warn(f"{exc}; training the parent's step {k} again", stacklevel=3)
+        return None
+    return model, opt
 
 
 # ---------------------------------------------------------------- units on disk
@@ -288,16 +347,17 @@ def instability(recipe="gpt2-shakespeare", out="instability", *, spawn_steps=(0,
 
     # ---- the parent, from its initialisation through every spawn step (units on disk)
     parent_stream = _Stream(train_ds, r.batch_size, seed, 0)
+    parents = {}  # step -> (model, optimizer) of each parent unit found whole
     for i, k in enumerate(spawn):
-        if _load_unit(_parent_unit(out, k), device) is not None:
+        found = _load_parent(out, k, device, hp)
+        if found is not None:
+            parents[k] = found
             counts["reused"] += 1
             continue
-        done = [j for j in spawn[:i] if _load_unit(_parent_unit(out, j), device) is not None]
+        done = [j for j in spawn[:i] if j in parents]
         start = done[-1] if done else 0
         if done:
-            model = _load_unit(_parent_unit(out, start), device)
-            opt = _new_optimizer(model, hp)
-            _load_optimizer(opt, _parent_unit(out, start) / OPTIMIZER_FILE)
+            model, opt = _load_parent(out, start, device, hp)  # a fresh copy: the kept one stays as saved
         else:
             model = r.model(seed).to(device)
             opt = _new_optimizer(model, hp)
@@ -308,6 +368,7 @@ def instability(recipe="gpt2-shakespeare", out="instability", *, spawn_steps=(0,
         unit = _parent_unit(out, k)
         _save_optimizer(opt, unit / OPTIMIZER_FILE)  # before the model: a loadable model means a complete unit
         save_model(model, unit, metadata={"kind": "instability-parent", "step": k, "seed": seed, "recipe": r.name})
+        parents[k] = True
         counts["trained"] += 1
 
     # ---- the children: fork at k, train to the end on their own data order
@@ -319,7 +380,7 @@ def instability(recipe="gpt2-shakespeare", out="instability", *, spawn_steps=(0,
                 continue
             model = _load_unit(_parent_unit(out, k), device)
             opt = _new_optimizer(model, hp)
-            _load_optimizer(opt, _parent_unit(out, k) / OPTIMIZER_FILE)
+            _load_optimizer(opt, _parent_unit(out, k) / OPTIMIZER_FILE, k)
             say(f"spawn step {k}, copy {c}: steps {k} -> {total}")
             t0 = time.perf_counter()
             losses = _train_segment(model, opt, _Stream(train_ds, r.batch_size, seed, 1 + c), k, total, total, hp,
