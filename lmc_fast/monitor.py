@@ -31,7 +31,7 @@ from .match.methods import REGISTRY
 from .models.adapters import check_compatible, standard_params
 from .sweep.barrier import BarrierResult, barrier_result, lambda_grid
 from .sweep.batches import limited, reiterable
-from .sweep.checks import spec_from_model
+from .sweep.checks import check_batch, spec_from_model
 from .sweep.evaluate import EvalOptions, evaluate_mixtures
 from .symmetry import Alignment, check_same_arch, prepare_params, spec_for
 
@@ -159,6 +159,13 @@ class BarrierMonitor:
         if not refs:
             raise ValueError("reference must be a model, a checkpoint path or a non-empty list of them")
         self.references = [_Reference(r, self.space, i) for i, r in enumerate(refs)]
+        if isinstance(self.data, (list, tuple)):  # batches in hand: checked now, not at the first measurement
+            # (a loader is only read when measuring: iterating it here would draw from the training's RNG)
+            spec = spec_from_model(self.references[0].model)
+            for batch in limited(self.data, self.max_batches):
+                if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                    raise ValueError(f"data: a batch must be an (inputs, targets) pair, got {type(batch).__name__}")
+                check_batch(spec, *batch)
         self.jsonl = None if jsonl is None else Path(jsonl)
         self.last_step = None
         self.last_metrics: dict | None = None

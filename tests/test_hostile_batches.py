@@ -73,3 +73,14 @@ def test_sweeps_refuse_non_finite_images(case):
     x = make()
     with pytest.raises(ValueError, match=text):
         lf.barrier(*_models(kind), [(x, _targets(kind, x))], 3)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_barrier_monitor_refuses_bad_batches_when_built(case):
+    """Not at its first measurement, after training steps were spent."""
+    from lmc_fast.monitor import BarrierMonitor
+
+    _, kind, make, text = case
+    x = make()
+    with pytest.raises(ValueError, match=text):
+        BarrierMonitor(_models(kind)[0], [(x, _targets(kind, x))], every=10)
