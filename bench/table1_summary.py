@@ -21,6 +21,8 @@ SETTINGS = {  # grid folder name -> (row label, language model?)
     "table1_fashion": ("ViT, Fashion-MNIST", False),
     "table1_shakespeare": ("GPT-2, Shakespeare", True),
     "table1_llama": ("tiny LLaMA, Shakespeare", True),
+    "table1_neox": ("tiny GPT-NeoX, Shakespeare", True),
+    "table1_bert": ("tiny BERT (masked tokens), Shakespeare", True),
 }
 COLUMNS = ("none", "permutation", "activation", "weight", "learned-perm", "learned", "learned-paper")
 

@@ -109,10 +109,11 @@ def _train_segment(model, opt, stream: _Stream, start: int, end: int, total: int
     cosine, gradient clipping at 1); returns the losses."""
     from .models.adapters import adapter_for
     from .sweep.checks import check_batch, spec_from_model
-    from .sweep.metrics import has_kept_targets, task_loss
+    from .sweep.metrics import has_kept_targets, task_loss, task_of
     from .train import lr_at
 
     adapter, spec = adapter_for(model), spec_from_model(model)
+    task = task_of(adapter.arch(model))
     warmup = hp.get("warmup", 0.1)
     warmup_steps = int(round(warmup * total)) if warmup < 1 else int(warmup)
     dtype = next(model.parameters()).dtype
@@ -126,10 +127,10 @@ def _train_segment(model, opt, stream: _Stream, start: int, end: int, total: int
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, hp["lr"], warmup_steps)
         logits = adapter.logits(model, x)
-        loss = task_loss(logits, y, hp.get("label_smoothing", 0.0))
+        loss = task_loss(logits, y, hp.get("label_smoothing", 0.0), task)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {loss.item()} at step {step} (lower lr?)")
-        if has_kept_targets(logits, y):
+        if has_kept_targets(logits, y, task):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -53,7 +53,7 @@ HF_GENERATION = "generation_config.json"
 _HF_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # the model registry (models/adapters.py): our model_type -> (model, config); HF model_type -> class name
 _CLASSES = {t: (model, config) for t, (model, config, _) in REFERENCE.items()}
-_HF_CLASSES = {t: name for t, (name, _) in HUGGING_FACE.items()}
+_HF_CLASSES = {t: names for t, (names, _) in HUGGING_FACE.items()}
 # HF config sizes checked before anything is built, declared by each adapter (its CONFIG_SIZES)
 _HF_SIZES = {t: adapter.CONFIG_SIZES for t, (_, adapter) in HUGGING_FACE.items()}
 _LOADABLE_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
@@ -566,13 +566,29 @@ def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> No
     _check_tensors(weights, specs, expected, optional, what, names=names, ignore=ignore)
 
 
+def _hf_class_name(cfg_obj: dict, names: tuple, where: Path) -> str:
+    """The class a folder loads as: a model_type with one class loads as it; with several (BERT's masked LM and
+    sequence classifier), the one its config's "architectures" names, else the first."""
+    archs = cfg_obj.get("architectures")
+    if len(names) == 1 or archs is None:
+        return names[0]
+    if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise CheckpointError(f"{where}: config field architectures is {_short(archs)}: must be a list of class names")
+    if archs[0] not in names:
+        raise UnsupportedModelError(f"{where}: architectures {archs[0]!r} is not supported for model_type "
+                                    f"{cfg_obj['model_type']!r} (supported: {', '.join(names)})")
+    return archs[0]
+
+
 def _load_hf(path: Path):
     cfg_path = path / CONFIG
     cfg_obj = _read_json(cfg_path)
-    name = _HF_CLASSES.get(cfg_obj.get("model_type"))
-    if name is None:
+    names = _HF_CLASSES.get(cfg_obj.get("model_type"))
+    if names is None:
+        supported = ", ".join(f"{k} ({v[0]})" for k, v in _HF_CLASSES.items())
         raise UnsupportedModelError(f"{path}: Hugging Face model_type {_short(cfg_obj.get('model_type'))} is not "
-                                    f"supported (supported: {', '.join(f'{k} ({v})' for k, v in _HF_CLASSES.items())})")
+                                    f"supported (supported: {supported})")
+    name = _hf_class_name(cfg_obj, names, cfg_path)
     for extra in (HF_GENERATION, HF_META):  # transformers would parse these unguarded
         if (path / extra).exists():
             _read_json(path / extra)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 #: recipe name -> the --data spec it trains on
 RECIPE_DATA = {"vit-digits": "digits", "vit-fashion-mnist": "fashion-mnist", "gpt2-shakespeare": "shakespeare",
-               "llama-shakespeare": "shakespeare", "neox-shakespeare": "shakespeare"}
+               "llama-shakespeare": "shakespeare", "neox-shakespeare": "shakespeare", "bert-shakespeare": "shakespeare"}
 
 
 def recipe_for(model: str, data: str) -> str | None:

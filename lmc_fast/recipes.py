@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .models import GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
+from .models import BertConfig, GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,6 +36,12 @@ def _shakespeare(block_size: int):
     from .data import load_shakespeare
 
     return load_shakespeare(block_size, "byte", "train"), load_shakespeare(block_size, "byte", "test")
+
+
+def _shakespeare_masked(block_size: int):
+    from .data.masked import MaskedTokenDataset
+
+    return tuple(MaskedTokenDataset(ds) for ds in _shakespeare(block_size))
 
 
 @dataclass(frozen=True)
@@ -161,8 +167,23 @@ def _neox_shakespeare() -> Recipe:
     )
 
 
+def _bert_shakespeare() -> Recipe:
+    return Recipe(
+        name="bert-shakespeare",
+        model_config=BertConfig(n_layer=4, d_model=128, n_head=4, vocab_size=257, block_size=64),
+        data=functools.partial(_shakespeare_masked, 64),
+        batch_size=32,
+        hparams=dict(steps=300, lr=1e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0),
+        measured=dict(steps=300, test_loss=3.051, test_acc=0.240, chance_loss=5.549),
+        notes="BERT-shaped encoder (post-norm, learned positions and token types, embedding LayerNorm, "
+              "masked-LM head tied to the embedding), 4 x 128, masked-token prediction on byte-level "
+              "Shakespeare (15% of positions, BERT's 80/10/10 rule, static masking; [MASK] = id 256), blocks of 64.",
+    )
+
+
 _RECIPES = {"vit-digits": _vit_digits, "vit-fashion-mnist": _vit_fashion, "gpt2-shakespeare": _gpt2_shakespeare,
-            "llama-shakespeare": _llama_shakespeare, "neox-shakespeare": _neox_shakespeare}
+            "llama-shakespeare": _llama_shakespeare, "neox-shakespeare": _neox_shakespeare,
+            "bert-shakespeare": _bert_shakespeare}
 NAMES = tuple(_RECIPES)
 
 

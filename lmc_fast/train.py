@@ -16,7 +16,7 @@ import torch
 
 from .models.adapters import adapter_for
 from .sweep.checks import check_batch, spec_from_model
-from .sweep.metrics import evaluate, has_kept_targets, task_loss
+from .sweep.metrics import evaluate, has_kept_targets, task_loss, task_of
 
 
 def seed_everything(seed: int) -> None:
@@ -95,7 +95,7 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
     warmup_steps = int(round(warmup * total)) if warmup < 1 else int(warmup)
 
     adapter = adapter_for(model)
-    spec = spec_from_model(model)
+    spec, task = spec_from_model(model), task_of(adapter.arch(model))
     p0 = next(model.parameters())
     device = torch.device(device) if device is not None else p0.device
     model.to(device)
@@ -132,11 +132,11 @@ def train(model, data, *, epochs: Optional[float] = None, steps: Optional[int] =
                 for g in opt.param_groups:
                     g["lr"] = cur_lr
                 logits = adapter.logits(model, x)
-                loss = task_loss(logits, y, label_smoothing)  # -100 targets are skipped
+                loss = task_loss(logits, y, label_smoothing, task)  # -100 targets are skipped
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss became {loss.item()} at step {step} (lower lr?)")
                 value = loss.item()
-                if has_kept_targets(logits, y):
+                if has_kept_targets(logits, y, task):
                     # a batch whose every target is -100 counts as a step but moves nothing
                     # (AdamW would still move the weights: momentum and decay) and no loss
                     opt.zero_grad(set_to_none=True)

@@ -50,12 +50,14 @@ def test_canonical_structure_and_idempotence(kind):
             assert p[f"blocks.{l}.attn.k.bias"].abs().max() == 0
         if arch.qkv_bias and arch.o_bias:  # b_V folds into b_O only where there is one
             assert p[f"blocks.{l}.attn.v.bias"].abs().max() == 0
-        if arch.norm == "layernorm" and arch.qkv_bias:  # the shift folds into q / k / v's biases
+        if arch.post_norm:  # the norms sit on the stream: nothing folds across them
+            assert torch.equal(p[f"blocks.{l}.ln1.bias"], raw[f"blocks.{l}.ln1.bias"].double())
+        elif arch.norm == "layernorm" and arch.qkv_bias:  # the shift folds into q / k / v's biases
             assert p[f"blocks.{l}.ln1.bias"].abs().max() == 0
         elif arch.norm == "layernorm":  # no biases to take it: the norm keeps c = beta / gamma
             assert p[f"blocks.{l}.ln1.bias"].abs().max() > 0.01
-    if arch.norm == "layernorm":
-        for name, axis in residual_writers(arch):  # LayerNorm models: centred writers
+    if arch.norm == "layernorm" and not arch.post_norm:
+        for name, axis in residual_writers(arch):  # pre-norm LayerNorm models: centred writers
             assert p[name].mean(dim=axis).abs().max() < 1e-12
     if arch.family in ("gpt2", "neox"):  # the LM head has no bias: its norm keeps c = beta / gamma
         assert p["ln_f.bias"].abs().max() > 0.01

@@ -116,8 +116,8 @@ def test_hf_errors(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="model.safetensors"):
         load_model(tmp_path / "h")
     (tmp_path / "bert").mkdir()
-    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(UnsupportedModelError, match="bert"):
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(UnsupportedModelError, match="t5"):
         load_model(tmp_path / "bert")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="config.json"):

@@ -42,7 +42,7 @@ def test_one_model_registry():
 
     assert tuple(REFERENCE) == MODEL_TYPES
     assert io._CLASSES == {t: (m, c) for t, (m, c, _) in REFERENCE.items()}
-    assert io._HF_CLASSES == {t: name for t, (name, _) in HUGGING_FACE.items()}
+    assert io._HF_CLASSES == {t: names for t, (names, _) in HUGGING_FACE.items()}
     for _, (model_cls, config_cls, adapter) in REFERENCE.items():
         assert type(adapter_for(model_cls(config_cls()))) is adapter
 

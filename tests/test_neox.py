@@ -282,3 +282,67 @@ def test_learned_matching_on_neox_lowers_a_planted_barrier(head_map):
     al = exact_alignment(spec, hard[0], {}).validate()
     x = make_inputs("neox", seed=9)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+
+
+def test_the_table1_grid_spec_parses_and_trains_the_neox_recipe():
+    from pathlib import Path
+
+    from lmc_fast.grid.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "bench" / "grids" / "table1_neox.toml")
+    assert spec.recipe == "neox-shakespeare" and len(spec.pairs) == 5 and spec.data == "shakespeare"
+
+
+def test_cli_trains_aligns_and_sweeps_a_neox_on_text(tmp_path, capsys):
+    from lmc_fast.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40)))
+    rc = main(["train", "--model", "neox", "--data", f"text:{text}", "--seeds", "0", "1", "--steps", "2",
+               "--block-size", "16", "--out", str(tmp_path / "n"), "-q",
+               "--config", "n_layer=1", "d_model=32", "n_head=2", "rotary_pct=0.5"])
+    assert rc == 0, capsys.readouterr().err
+    m = load_model(tmp_path / "n" / "seed0")
+    assert isinstance(m, NeoX) and m.config.d_mlp == 128 and m.arch().rotary_dim == 8
+    rc = main(["align", str(tmp_path / "n" / "seed0"), str(tmp_path / "n" / "seed1"), "--method", "weight",
+               "--out", str(tmp_path / "w.safetensors"), "-q"])
+    assert rc == 0, capsys.readouterr().err
+    rc = main(["sweep", str(tmp_path / "n" / "seed0"), str(tmp_path / "n" / "seed1"), "--align",
+               str(tmp_path / "w.safetensors"), "--data", f"text:{text}", "--lambdas", "3", "--out",
+               str(tmp_path / "r.json"), "-q"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "r.json").is_file()
+
+
+def _lerp_kernel_matches_batched(device: str, rel: float):
+    from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
+    from lmc_fast.sweep.interpolate import models_params
+
+    torch.manual_seed(0)
+    a, b = (lf.models.NeoX(lf.models.NeoXConfig(n_layer=2, d_model=32, n_head=4, d_mlp=48, vocab_size=64, block_size=16, rotary_pct=0.5)).eval().to(device) for _ in range(2))
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    y = x
+    arch, params = models_params([a, b], "raw")
+    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
+    batched = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device))
+    kernel = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device, kernel=True))
+    for r, k in zip(batched, kernel):
+        assert k["loss"] == pytest.approx(r["loss"], rel=rel)
+
+
+def test_lerp_kernel_engine_runs_the_one_forward_on_a_neox():
+    """The Triton path (parallel blocks and partial rotary positions) gives the batched engine's numbers (CPU interpreter here)."""
+    from lmc_fast.kernels.lerp_matmul import triton_available
+
+    if not triton_available("cpu"):
+        pytest.skip("the Triton interpreter (TRITON_INTERPRET=1) is not on")
+    _lerp_kernel_matches_batched("cpu", 1e-4)
+
+
+@pytest.mark.gpu
+def test_lerp_kernel_engine_on_cuda_neox():
+    from lmc_fast.kernels.lerp_matmul import triton_available
+
+    if not triton_available("cuda"):
+        pytest.skip("Triton CUDA path unavailable (TRITON_INTERPRET set?)")
+    _lerp_kernel_matches_batched("cuda", 1e-3)

@@ -9,14 +9,14 @@ from lmc_fast.models.adapters import standard_params
 from lmc_fast.models import functional as Fn
 from lmc_fast.sweep.barrier import lambda_grid
 from lmc_fast.symmetry import canonical_params
-from zoo import KINDS, logits, make_inputs, make_model, rel_err, tolerance
+from zoo import KINDS, logits, make_inputs, make_model, make_targets, rel_err, tolerance
 
 
 def classification_data(kind, n_batches=3, batch=8, classes=5, vocab=37):
     out = []
     for s in range(n_batches):
         x = make_inputs(kind, seed=100 + s, batch=batch, dtype=torch.float32, vocab=vocab)
-        y = x if x.dtype == torch.int64 else torch.randint(0, classes, (batch,), generator=torch.Generator().manual_seed(s))
+        y = make_targets(kind, x, s, classes)
         out.append((x, y))
     return out
 

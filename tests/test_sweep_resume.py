@@ -41,15 +41,15 @@ def options(folder=None, **kw):
 
 @pytest.fixture
 def embeds(monkeypatch):
-    """Counts the batches the batched engine evaluates (each embeds the batch once)."""
+    """Counts the batches the batched engine evaluates (each sums the batch's embeddings once)."""
     count = [0]
-    real = Fn.embed
+    real = Fn.embed_sum
 
     def counting(*args, **kw):
         count[0] += 1
         return real(*args, **kw)
 
-    monkeypatch.setattr(Fn, "embed", counting)
+    monkeypatch.setattr(Fn, "embed_sum", counting)
     return count
 
 

@@ -148,7 +148,8 @@ def test_train_arguments_and_plain_iterables():
 
 
 def test_recipes_are_complete():
-    assert set(NAMES) == {"vit-digits", "vit-fashion-mnist", "gpt2-shakespeare", "llama-shakespeare"}
+    assert set(NAMES) == {"vit-digits", "vit-fashion-mnist", "gpt2-shakespeare", "llama-shakespeare",
+                          "neox-shakespeare", "bert-shakespeare"}
     with pytest.raises(KeyError, match="vit-digits"):
         recipe("nope")
     r = recipe("vit-digits", epochs=2, lr=1e-2, batch_size=16)

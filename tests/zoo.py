@@ -12,7 +12,10 @@ import lmc_fast as lf
 #: and multi-query attention with q/k/v biases (hf_qwen2); GPT-NeoX with parallel blocks and rotary positions
 #: on a quarter (neox: Pythia's rotary_pct) or half of each head (hf_neox), and sequential blocks without
 #: attention biases (hf_neox_seq)
-KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "hf_neox_seq")
+#: and BERT (post-norm: the residual symmetry is a permutation) as a masked LM (bert, hf_bert) and a sequence
+#: classifier (hf_bert_cls)
+KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "hf_neox_seq",
+         "bert", "hf_bert", "hf_bert_cls")
 #: Hugging Face's RMSNorm and rotary tables compute in float32 even in a float64 model: their logits move
 #: ~1e-7 under an exact symmetry, so equalities there hold to 1e-5, not to float64 rounding
 HF_FP32_INSIDE = ("hf_llama", "hf_qwen2")
@@ -77,6 +80,19 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             m = transformers.GPTNeoXForCausalLM(cfg)
+    elif kind == "bert":
+        m = lf.models.Bert(lf.models.BertConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp, vocab_size=vocab,
+                                                block_size=block))
+    elif kind in ("hf_bert", "hf_bert_cls"):
+        import transformers
+
+        cfg = transformers.BertConfig(num_hidden_layers=n_layer, hidden_size=d, num_attention_heads=n_head,
+                                      intermediate_size=d_mlp, vocab_size=vocab, max_position_embeddings=block,
+                                      num_labels=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls = transformers.BertForMaskedLM if kind == "hf_bert" else transformers.BertForSequenceClassification
+            m = cls(cfg)
     elif kind == "hf_vit":
         import transformers
 
@@ -94,6 +110,20 @@ def make_inputs(kind: str, seed: int = 0, dtype=torch.float64, batch=3, vocab=37
     if kind in ("vit", "hf_vit"):
         return torch.randn(batch, 3, 8, 8, generator=gen, dtype=dtype)
     return torch.randint(0, vocab, (batch, block), generator=gen)
+
+
+#: token models that classify sequences (targets: one class of 3 per sequence, not token ids)
+SEQUENCE_CLASSIFIERS = ("hf_bert_cls",)
+
+
+def make_targets(kind: str, x: torch.Tensor, seed: int = 0, classes: int = 5) -> torch.Tensor:
+    """Targets for inputs x: class labels for image and sequence classifiers, the ids themselves for
+    language models (next-token models shift them; masked-token ones read every position)."""
+    if kind in SEQUENCE_CLASSIFIERS:
+        classes = 3
+    elif x.dtype == torch.int64:
+        return x
+    return torch.randint(0, classes, (x.shape[0],), generator=torch.Generator().manual_seed(seed))
 
 
 def logits(model, x):

@@ -88,6 +88,12 @@ def model_data(args, models, paths=None):
         block = args.block_size or meta_block or min(64, _context(models[0]) or 64)
         _check_block_size(block, models, paths or [f"model {i}" for i in range(len(models))])
     train, test = load_data(spec, block or 64)
+    from ..data.masked import for_task
+    from ..models.adapters import adapter_for
+    from ..sweep.metrics import task_of
+
+    task = task_of(adapter_for(models[0]).arch(models[0]))
+    train, test = for_task(train, task), for_task(test, task)  # masked-token models read masked blocks
     vocab = getattr(getattr(models[0], "config", None), "vocab_size", None)
     if hasattr(train, "vocab_size") and vocab is not None and train.vocab_size > vocab:
         raise CLIError(f"--data {spec}: {train.vocab_size} token ids but the model's vocabulary has {vocab}")

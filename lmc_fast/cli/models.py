@@ -17,7 +17,8 @@ def load(path, device):
 CONFIG_FROM_DATA = {"vit": {"image_size": "the images", "channels": "the images", "num_classes": "the labels"},
                     "gpt2": {"vocab_size": "the text's token ids", "block_size": "--block-size"},
                     "llama": {"vocab_size": "the text's token ids", "block_size": "--block-size"},
-                    "neox": {"vocab_size": "the text's token ids", "block_size": "--block-size"}}
+                    "neox": {"vocab_size": "the text's token ids", "block_size": "--block-size"},
+                    "bert": {"vocab_size": "the text's token ids", "block_size": "--block-size"}}
 
 
 def _config_fields(model: str) -> dict:

@@ -12,15 +12,16 @@ from .outputs import Outputs, now
 
 #: the reference models `train` builds: the keys of lmc_fast.models.adapters.REFERENCE (not imported
 #: here: that loads torch; tests/test_methods_registry.py keeps the two equal)
-MODEL_TYPES = ("vit", "gpt2", "llama", "neox")
-#: the language models among them (they train on text)
-TEXT_MODELS = ("gpt2", "llama", "neox")
+MODEL_TYPES = ("vit", "gpt2", "llama", "neox", "bert")
+#: the language models among them (they train on text), and those that learn masked tokens
+TEXT_MODELS = ("gpt2", "llama", "neox", "bert")
+MASKED_MODELS = ("bert",)
 
 
 def register(subparsers, parents):
     t = add_command(subparsers, "train", "train models from several seeds", parents)
     t.add_argument("--model", choices=MODEL_TYPES, default="vit",
-                   help="architecture (gpt2, llama and neox train on text)")
+                   help="architecture (gpt2, llama, neox and bert train on text; bert on masked tokens)")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0], help="one model per seed")
     t.add_argument("--out", required=True, help="output folder (seed<N>/ per seed and train.json)")
@@ -59,6 +60,10 @@ def run(args, con: Console) -> int:
         train_ds, test_ds = recipe("vit-fashion-mnist").datasets()  # the recipe's measured 20k subset
     else:
         train_ds, test_ds = load_data(args.data, args.block_size or 64, args.limit)
+    if args.model in MASKED_MODELS:  # masked-token pretraining reads masked blocks (vocabulary + [MASK])
+        from ..data.masked import for_task
+
+        train_ds, test_ds = for_task(train_ds, "masked_token"), for_task(test_ds, "masked_token")
     rec, factory, cfg, hp, bs = _train_setup(args, train_ds, test_ds, overrides)
     con.log(f"training {len(args.seeds)} {args.model} model(s) on {args.data} ({len(train_ds)} train / "
             f"{len(test_ds)} test), {hp}, batch {bs}" + (f", recipe {rec}" if rec else ""))
@@ -88,7 +93,7 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     import dataclasses
 
     from ..data.base import ImageDataset, TokenDataset
-    from ..models import GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
+    from ..models import BertConfig, GPT2Config, LlamaConfig, NeoXConfig, ViTConfig
     from ..recipes import recipe
 
     name, _ = split_spec(args.data)
@@ -123,6 +128,7 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
         text = dict(vocab_size=train_ds.vocab_size, block_size=train_ds.block_size)
         cfg = {"llama": lambda: LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, **text),
                "neox": lambda: NeoXConfig(n_layer=2, d_model=64, n_head=4, **text),
+               "bert": lambda: BertConfig(n_layer=2, d_model=64, n_head=4, **text),
                "gpt2": lambda: GPT2Config(n_layer=2, n_embd=64, n_head=4, **text)}[args.model]()
         hp, bs = dict(steps=1000, lr=3e-3, weight_decay=0.05, warmup=0.05, label_smoothing=0.0), 32
     if is_text:
@@ -133,10 +139,11 @@ def _train_setup(args, train_ds, test_ds, overrides: dict):
     if overrides:
         if args.model == "gpt2" and "n_embd" in overrides and "d_mlp" not in overrides:
             overrides["d_mlp"] = 4 * overrides["n_embd"]
-        if args.model in ("llama", "neox"):  # widths derived from d_model / n_head follow them unless given
+        if args.model in ("llama", "neox", "bert"):  # widths derived from d_model / n_head follow them unless given
             if "d_model" in overrides and "d_mlp" not in overrides:
                 overrides["d_mlp"] = None
-            if args.model == "llama" and ("d_model" in overrides or "n_head" in overrides) and "head_dim" not in overrides:
+            heads_change = "d_model" in overrides or "n_head" in overrides
+            if args.model == "llama" and heads_change and "head_dim" not in overrides:
                 overrides["head_dim"] = None
         cfg = overridden(cls, cfg, overrides, args.config)
     if args.epochs is not None:

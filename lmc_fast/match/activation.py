@@ -4,7 +4,7 @@ Both canonical models see the same batches; for every group the cross-correlatio
 sum_n a_n b_n^T is accumulated over tokens:
 - residual: the normalised stream h / rms(h) at every block boundary (rotation-equivariant,
   and normalising keeps deep layers from dominating);
-- mlp.l: the hidden units after the activation;
+- mlp.l: the hidden units after the activation (and BERT's pooler and masked-LM transform units);
 - heads.l: per-head queries + keys (QK circuit) and values (VO circuit); with grouped-query
   attention the queries per query head ("qk_q") apart from the keys per key / value head
   ("qk_kv"), the values per key / value head ("vo_kv").
@@ -20,6 +20,11 @@ import torch
 from ..models import functional as Fn
 from ..symmetry.spec import Spec
 from . import solve
+
+
+#: records of units a permutation group moves, under the group's name: MLP units, and BERT's pooler and
+#: masked-LM transform units
+UNIT_RECORDS = ("mlp", "pooler", "head_transform")
 
 
 class CrossStats:
@@ -44,7 +49,7 @@ class CrossStats:
                 a2 = a2 / a2.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
                 b2 = b2 / b2.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
                 self._add("residual", a2.T @ b2)
-            elif kind == "mlp":
+            elif kind in UNIT_RECORDS:
                 self._add(name, a2.T @ b2)
             else:  # q, k, v
                 circuit = "qk" if kind in ("q", "k") else "vo"
@@ -88,10 +93,10 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
     t0 = time.perf_counter()
     stats = collect_stats(spec.arch, pa, pb, data, max_batches, progress)
     elements = {}
-    mlp = [n for n, g in spec.groups.items() if g.kind == "permutation"]
-    if mlp:
-        perms = solve.solve_permutations(torch.stack([stats.sums[n] for n in mlp]))
-        elements.update({n: {"perm": p} for n, p in zip(mlp, perms)})
+    units = [n for n, g in spec.groups.items() if g.kind == "permutation" and g.layer_local]
+    for same in solve.by_size(spec, units):
+        perms = solve.solve_permutations(torch.stack([stats.sums[n] for n in same]))
+        elements.update({n: {"perm": p} for n, p in zip(same, perms)})
     heads = [n for n, g in spec.groups.items() if g.kind == "heads" and g.group_size == 1]
     if heads:
         perm, qk, vo = solve.solve_heads(torch.stack([stats.sums[n + ".qk"] for n in heads]),
@@ -106,6 +111,8 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
         elements.update({n: {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
                          for i, n in enumerate(grouped)})
     if spec.residual is not None:
-        elements[spec.residual] = {"matrix": solve.solve_orthogonal(spec.groups[spec.residual], stats.sums["residual"])}
+        group, C = spec.groups[spec.residual], stats.sums["residual"]
+        elements[spec.residual] = ({"perm": solve.solve_permutations(C.unsqueeze(0))[0]} if group.kind == "permutation"
+                                   else {"matrix": solve.solve_orthogonal(group, C)})
     info = {"method": "activation", "tokens": stats.tokens, "seconds": time.perf_counter() - t0}
     return elements, info

@@ -105,6 +105,10 @@ def _warm_latents(lat) -> dict:
            "heads": (lat._warm_heads, getattr(lat, "head_perm", None))}
     if hasattr(lat, "_warm_qheads"):
         out["qheads"] = (lat._warm_qheads, lat.head_qperm.flatten(0, 1))
+    for i, (warm, latent) in enumerate(zip(lat._warm_extra, getattr(lat, "perm_latents", ()))):
+        out[f"extra{i}"] = (warm, latent.unsqueeze(0))
+    if hasattr(lat, "_warm_residual"):
+        out["residual"] = (lat._warm_residual, lat.residual_perm.unsqueeze(0))
     return out
 
 

@@ -67,7 +67,14 @@ class Latents(torch.nn.Module):
     def __init__(self, spec: Spec, elements: dict, dtype=torch.float32):
         super().__init__()
         self.spec = spec
-        self.mlp = [n for n, g in spec.groups.items() if g.kind == "permutation"]
+        perms = [n for n, g in spec.groups.items() if g.kind == "permutation" and g.layer_local]
+        self.mlp = [n for n in perms if spec.groups[n].size == spec.arch.d_mlp]  # stacked: one size
+        # permutation groups of other sizes (BERT's pooler and masked-LM transform units): one latent each
+        self.extra = [n for n in perms if n not in self.mlp]
+        self._warm_extra = [{} for _ in self.extra]
+        if self.extra:
+            self.perm_latents = torch.nn.ParameterList(
+                [torch.nn.Parameter(one_hot(elements[n]["perm"], dtype)) for n in self.extra])
         self.heads = [n for n, g in spec.groups.items() if g.kind == "heads"]
         first = spec.groups[self.heads[0]] if self.heads else None
         self.head_map = first.head_map if first is not None else "orthogonal"
@@ -75,6 +82,7 @@ class Latents(torch.nn.Module):
         self.grouped = bool(first is not None and first.group_size > 1)
         res = spec.groups.get(spec.residual)
         self.centred = bool(res is not None and res.centred)
+        self.residual_kind = None if res is None else res.kind
         self._warm_mlp, self._warm_heads = {}, {}  # assignment prices from the previous step
         if self.mlp:
             self.mlp_latent = torch.nn.Parameter(torch.stack([one_hot(elements[n]["perm"], dtype) for n in self.mlp]))
@@ -86,7 +94,10 @@ class Latents(torch.nn.Module):
                 self._warm_qheads = {}
             self.head_maps = torch.nn.Parameter(torch.stack(
                 [torch.stack([elements[n]["qk"], elements[n]["vo"]]) for n in self.heads]).to(dtype))
-        if res is not None:
+        if res is not None and res.kind == "permutation":  # post-norm streams (BERT)
+            self._warm_residual = {}
+            self.residual_perm = torch.nn.Parameter(one_hot(elements[spec.residual]["perm"], dtype))
+        elif res is not None:
             M = elements[spec.residual]["matrix"].to(torch.float64)
             if self.centred:
                 Q = householder_basis(res.size)
@@ -101,6 +112,9 @@ class Latents(torch.nn.Module):
             P, perm = permutation_ste(self.mlp_latent, self._warm_mlp)
             for i, n in enumerate(self.mlp):
                 dense[n], hard[n] = {"P": P[i]}, {"perm": perm[i]}
+        for n, latent, warm in zip(self.extra, getattr(self, "perm_latents", ()), self._warm_extra):
+            P, perm = permutation_ste(latent.unsqueeze(0), warm)
+            dense[n], hard[n] = {"P": P[0]}, {"perm": perm[0]}
         if self.heads:
             P, perm = permutation_ste(self.head_perm, self._warm_heads)
             L, _, H, dh, _ = self.head_maps.shape
@@ -126,7 +140,10 @@ class Latents(torch.nn.Module):
                 hard[n] = {"perm": perm[i], "qk": qk[i].detach().double(), "vo": vo[i].detach().double()}
                 if self.grouped:
                     dense[n]["QP"], hard[n]["qperm"] = QP[i], qperm[i]
-        if self.spec.residual is not None:
+        if self.residual_kind == "permutation":
+            P, perm = permutation_ste(self.residual_perm.unsqueeze(0), self._warm_residual)
+            dense[self.spec.residual], hard[self.spec.residual] = {"P": P[0]}, {"perm": perm[0]}
+        elif self.spec.residual is not None:
             R = polar_ste(self.residual.unsqueeze(0))[0]
             if self.centred:
                 R = self.Q @ torch.block_diag(torch.ones(1, 1, dtype=R.dtype, device=R.device), R) @ self.Q.T

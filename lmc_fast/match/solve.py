@@ -149,6 +149,15 @@ def solve_grouped_heads(c: dict, rotary_dim: int = 0):
     return perm, qperm, qk, vo
 
 
+def by_size(spec, names: list[str]) -> list[list[str]]:
+    """The groups in runs of one size, so that each run stacks into one batched solve (MLP units, and
+    BERT's pooler and transform units, of another width)."""
+    runs: dict[int, list[str]] = {}
+    for n in names:
+        runs.setdefault(spec.groups[n].size, []).append(n)
+    return list(runs.values())
+
+
 def stack_correlations(cs: list[dict]) -> dict:
     """Per-layer correlation dicts -> one dict of (B, ...) tensors (None where a part is absent)."""
     return {k: (None if cs[0][k] is None else torch.stack([c[k] for c in cs])) for k in cs[0]}

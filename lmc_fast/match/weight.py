@@ -45,9 +45,9 @@ def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[s
             qk, vo = solve.grouped_head_maps(c, el["perm"][None], el["qperm"][None], spec.groups[n].rotary_dim)
             elements[n] = {"perm": el["perm"], "qperm": el["qperm"], "qk": qk[0], "vo": vo[0]}
         return
-    if mlp:
-        Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in mlp])
-        for n, perm in zip(mlp, solve.solve_permutations(Cs, warm, tuple(mlp))):
+    for same in solve.by_size(spec, mlp):  # one batched assignment per size (MLP units; BERT's pooler units)
+        Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in same])
+        for n, perm in zip(same, solve.solve_permutations(Cs, warm, tuple(same))):
             elements[n] = {"perm": perm}
     if perm_heads:
         scores = [solve.head_scores(spec.groups[n], pa, pb_r) for n in perm_heads]

@@ -1,4 +1,5 @@
 """Reference models and the adapters that map any supported model to standard parameters."""
+from .bert import Bert, BertConfig
 from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig
 from .neox import NeoX, NeoXConfig
@@ -13,4 +14,4 @@ def pad_mlp(model, d_mlp: int):
     return _pad_mlp(model, d_mlp)
 
 
-__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "NeoX", "NeoXConfig", "pad_mlp"]
+__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "NeoX", "NeoXConfig", "Bert", "BertConfig", "pad_mlp"]

@@ -7,19 +7,23 @@ adapter that fills these fields, not a new branch in five files.
 
 Standard parameter names (nn.Linear's (out, in) layout):
     inputs "patches": patch_embed.weight / .bias, cls_token, pos_embed
-    inputs "tokens":  tok_embed.weight, pos_embed (positions "learned" only)
-    blocks.L.ln1 / ln2 (.weight, .bias for LayerNorm): ln1 feeds attention, ln2 the MLP
+    inputs "tokens":  tok_embed.weight, pos_embed (positions "learned" only), type_embed (token_types > 0:
+        BERT's token-type rows; inputs are one segment, type 0), ln_emb (embed_norm: BERT's embedding norm)
+    blocks.L.ln1 / ln2 (.weight, .bias for LayerNorm): pre-norm: ln1 feeds attention, ln2 the MLP;
+        post-norm: ln1 normalises the stream after attention is added, ln2 after the MLP
     blocks.L.attn.q / k / v / o (.weight, .bias where the arch has them); k and v have
         n_kv_head * head_dim rows (grouped-query attention), q has n_head * head_dim
     blocks.L.mlp.fc1 (up), mlp.gate (gated MLPs only: act(gate x) * fc1 x), mlp.fc2 (down)
-    ln_f, then `head` (classifier, pooled "cls") or `lm_head` (per token, pooling "none")
+    ln_f (pre-norm only), pooler (pooler: tanh(pooler h_cls), BERT's sequence classifiers),
+    head_dense and ln_head (head_transform: BERT's masked-LM transform ln_head(act(head_dense h))),
+    then `head` (classifier, pooled "cls") or `lm_head` (per token, pooling "none")
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
 
-FAMILIES = ("vit", "gpt2", "llama", "neox")
+FAMILIES = ("vit", "gpt2", "llama", "neox", "bert")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
 INPUTS = ("patches", "tokens")
@@ -28,7 +32,8 @@ POOLINGS = ("cls", "none")
 MLPS = ("plain", "gated")
 #: how a block adds into the residual stream: "sequential" h += attn(ln1 h); h += mlp(ln2 h)
 #: "parallel" (GPT-NeoX, GPT-J) h += attn(ln1 h) + mlp(ln2 h), both norms reading the same h
-RESIDUALS = ("sequential", "parallel")
+#: "post" (BERT) h = ln1(h + attn h); h = ln2(h + mlp h): the norms sit on the stream itself
+RESIDUALS = ("sequential", "parallel", "post")
 # Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
 MAX_SIZE = 1 << 20
 
@@ -42,6 +47,8 @@ _FAMILY_DEFAULTS = {
                   o_bias=False, mlp_bias=False, head_bias=False),
     "neox": dict(inputs="tokens", positions="rotary", causal=True, pooling="none", mlp="plain", qkv_bias=True,
                  o_bias=True, mlp_bias=True, head_bias=False, residual="parallel"),
+    "bert": dict(inputs="tokens", positions="learned", causal=False, pooling="none", mlp="plain", qkv_bias=True,
+                 o_bias=True, mlp_bias=True, head_bias=True, residual="post", embed_norm=True, head_transform=True),
 }
 
 
@@ -72,6 +79,10 @@ class Arch:
     head_bias: bool | None = None
     residual: str | None = None  # "sequential" | "parallel" (RESIDUALS)
     rotary_dim: int | None = None  # rotary positions on the first rotary_dim dims of each head (None: all)
+    token_types: int = 0  # rows of type_embed (BERT's token types); 0: none
+    embed_norm: bool | None = None  # a norm (ln_emb) on the embeddings' sum
+    head_transform: bool | None = None  # BERT's masked-LM transform before the head
+    pooler: bool = False  # tanh(pooler h_cls) before the classifier (BERT's sequence classifiers)
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -86,6 +97,9 @@ class Arch:
             object.__setattr__(self, "residual", "sequential")
         if self.rotary_dim is None:
             object.__setattr__(self, "rotary_dim", self.head_dim if self.positions == "rotary" else 0)
+        for name in ("embed_norm", "head_transform"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, False)
 
     # ---- derived
     @property
@@ -104,6 +118,12 @@ class Arch:
     @property
     def parallel(self) -> bool:
         return self.residual == "parallel"
+
+    @property
+    def post_norm(self) -> bool:
+        """The norms sit on the residual stream (BERT): nothing folds across them, rotations of the
+        stream are not symmetries (per-channel scales do not commute with them), permutations are."""
+        return self.residual == "post"
 
     @property
     def gated(self) -> bool:
@@ -150,6 +170,10 @@ class Arch:
     def neox(cls, n_layer, d_model, n_head, d_mlp, eps=1e-5, activation="gelu", **kw) -> "Arch":
         return cls("neox", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, **kw)
 
+    @classmethod
+    def bert(cls, n_layer, d_model, n_head, d_mlp, eps=1e-12, activation="gelu", **kw) -> "Arch":
+        return cls("bert", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, **kw)
+
     # ---- files
     @classmethod
     def from_dict(cls, d) -> "Arch":
@@ -173,12 +197,15 @@ class Arch:
                              ("positions", POSITIONS), ("pooling", POOLINGS), ("mlp", MLPS), ("residual", RESIDUALS)):
             if (key in required or d.get(key) is not None) and d[key] not in allowed:
                 raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
-        for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias"):
+        for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias", "embed_norm", "head_transform", "pooler"):
             if d.get(key) is not None and not isinstance(d[key], bool):
                 raise ValueError(f"arch {key} is {d[key]!r}: must be true or false")
         eps = d["eps"]
         if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
+        types = d.get("token_types", 0)
+        if type(types) is not int or not 0 <= types <= MAX_SIZE:
+            raise ValueError(f"arch token_types is {types!r}: must be an integer in [0, {MAX_SIZE}]")
         rotary_dim = d.get("rotary_dim")
         if rotary_dim is not None and (type(rotary_dim) is not int or not 0 <= rotary_dim <= MAX_SIZE):
             raise ValueError(f"arch rotary_dim is {rotary_dim!r}: must be an integer in [0, {MAX_SIZE}]")
@@ -202,6 +229,10 @@ class Arch:
             raise ValueError(f"arch head_dim {self.head_dim} must be even with rotary positions")
         if self.rotary and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ValueError(f"arch rotary_dim {self.rotary_dim} must be even and in [2, head_dim {self.head_dim}]")
+        if self.post_norm and (self.norm != "layernorm" or self.inputs != "tokens"):
+            raise ValueError("arch residual 'post' is supported for LayerNorm token models only")
+        if self.pooler and self.pooling != "cls":
+            raise ValueError("arch pooler needs pooling 'cls'")
         if not self.rotary and self.rotary_dim:
             raise ValueError(f"arch rotary_dim {self.rotary_dim} needs rotary positions (positions is {self.positions!r})")
 

@@ -5,8 +5,8 @@ K = 1); inputs are shared. Linear layers run as one batched GEMM over K, so a sw
 points is a single pass. The same code runs the reference models and the Hugging Face ones
 (they map to the same standard parameters), and `record` exposes the activations that
 activation matching needs. Every architecture choice is read from the `Arch` fields (inputs,
-positions (partial rotary too), heads and key/value heads, gated MLP, biases, pooling, sequential or
-parallel residual blocks).
+positions (partial rotary too), heads and key/value heads, gated MLP, biases, pooling, sequential,
+parallel or post-norm residual blocks, token types and the heads' pooler and transform).
 
 The blocks and the head read their weights through `ops` (`linear(x, name)`, `norm(x, name)`):
 `StackedOps` holds K parameter sets; the Triton path (lerp_kernel.py) passes ops that mix two
@@ -48,14 +48,26 @@ def norm(arch: Arch, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def embedding_names(arch: Arch) -> tuple[str, ...]:
-    """The parameters `embed` reads: all a sweep needs of its end models, unmixed."""
+    """The parameters `embed_sum` reads: all a sweep needs of its end models, unmixed."""
     if arch.inputs == "patches":
         return ("patch_embed.weight", "patch_embed.bias", "cls_token", "pos_embed")
-    return ("tok_embed.weight", "pos_embed") if arch.positions == "learned" else ("tok_embed.weight",)
+    names = ("tok_embed.weight",) + (("pos_embed",) if arch.positions == "learned" else ())
+    return names + (("type_embed",) if arch.token_types else ())
 
 
 def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     """Residual stream after the embeddings: (K, B, T, d)."""
+    return embed_norm(arch, p, embed_sum(arch, p, inputs))
+
+
+def embed_norm(arch: Arch, p, h: torch.Tensor) -> torch.Tensor:
+    """BERT's norm of the embeddings' sum (ln_emb); the identity for other models."""
+    return _ops(arch, p).norm(h, "ln_emb") if arch.embed_norm else h
+
+
+def embed_sum(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
+    """The embeddings' sum before any norm, (K, B, T, d): linear in the parameters, so a sweep mixes
+    the end models' sums instead of their tables."""
     if arch.inputs == "patches":
         C = inputs.shape[1]
         patch = int(round((p["patch_embed.weight"].shape[-1] / C) ** 0.5))
@@ -64,8 +76,12 @@ def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
         cls = p["cls_token"][:, None, None, :].expand(-1, x.shape[1], 1, -1)
         return torch.cat([cls, x], dim=2) + p["pos_embed"].unsqueeze(1)
     T = inputs.shape[1]
-    tok = p["tok_embed.weight"][:, inputs]  # (K, B, T, d)
-    return tok + p["pos_embed"][:, None, :T] if arch.positions == "learned" else tok
+    h = p["tok_embed.weight"][:, inputs]  # (K, B, T, d)
+    if arch.positions == "learned":
+        h = h + p["pos_embed"][:, None, :T]
+    if arch.token_types:  # one segment: every token has type 0
+        h = h + p["type_embed"][:, None, None, 0]
+    return h
 
 
 def rope_tables(arch: Arch, T: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,8 +172,13 @@ def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
         if record is not None:
             record(f"resid.{l}", h)
         b = f"blocks.{l}."
+        if arch.post_norm:  # BERT: each sum is normalised on the stream itself
+            h = ops.norm(h + attention(arch, ops, l, h, record), b + "ln1")
+            h = ops.norm(h + mlp(arch, ops, l, h, record), b + "ln2")
+            continue
         if arch.parallel:  # both branches read the same stream (GPT-NeoX's use_parallel_residual)
-            h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record) + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
+            a = attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
+            h = h + a + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
             continue
         h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
         h = h + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
@@ -166,17 +187,27 @@ def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     return h
 
 
-def head(arch: Arch, p, h: torch.Tensor) -> torch.Tensor:
+def head(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     ops = _ops(arch, p)
     if arch.pooling == "cls":
         h = h[:, :, 0]
-    return ops.linear(ops.norm(h, "ln_f"), arch.head_name)
+    if arch.pooler:
+        h = torch.tanh(ops.linear(h, "pooler"))
+        if record is not None:
+            record("pooler", h)
+    elif not arch.post_norm:  # a post-norm stream is normalised already
+        h = ops.norm(h, "ln_f")
+    if arch.head_transform:
+        h = ops.norm(ACTIVATIONS[arch.activation](ops.linear(h, "head_dense")), "ln_head")
+        if record is not None:
+            record("head_transform", h)
+    return ops.linear(h, arch.head_name)
 
 
 def forward(arch: Arch, p: dict, inputs: torch.Tensor, record=None) -> torch.Tensor:
     """Logits (K, B, classes) or (K, B, T, vocab) for K stacked parameter sets."""
     ops = StackedOps(arch, p)
-    return head(arch, ops, blocks(arch, ops, embed(arch, p, inputs), record))
+    return head(arch, ops, blocks(arch, ops, embed(arch, p, inputs), record), record)
 
 
 def stack(params_list: list[dict]) -> dict:

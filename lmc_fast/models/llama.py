@@ -15,7 +15,7 @@ from typing import Optional
 from torch import nn
 
 from .arch import Arch
-from .blocks import Norm, init_weights, require_eps, require_param_limit, require_positive_int
+from .blocks import require_eps, require_param_limit, require_positive_int
 from .functional_lm import FunctionalLanguageModel
 
 SIZE_FIELDS = ("n_layer", "d_model", "n_head", "n_kv_head", "vocab_size", "block_size")
@@ -104,25 +104,11 @@ class LlamaMLP(nn.Module):
         self.fc2 = nn.Linear(c.d_mlp, c.d_model, bias=False)
 
 
-class LlamaBlock(nn.Module):
-    def __init__(self, c: LlamaConfig):
-        super().__init__()
-        self.ln1, self.ln2 = Norm(c.d_model, "rmsnorm", c.eps), Norm(c.d_model, "rmsnorm", c.eps)
-        self.attn = LlamaAttention(c)
-        self.mlp = LlamaMLP(c)
-
-
 class Llama(FunctionalLanguageModel):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         c = self.config = config
-        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleList(LlamaBlock(c) for _ in range(c.n_layer))
-        self.ln_f = Norm(c.d_model, "rmsnorm", c.eps)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        init_weights(self)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.tok_embed.weight
+        self._decoder(c, "rmsnorm", lambda: LlamaAttention(c), lambda: LlamaMLP(c))
 
     def arch(self) -> Arch:
         c = self.config

@@ -16,7 +16,7 @@ from typing import Optional
 from torch import nn
 
 from .arch import Arch
-from .blocks import Norm, init_weights, require_choice, require_eps, require_param_limit, require_positive_int
+from .blocks import require_choice, require_eps, require_param_limit, require_positive_int
 from .functional_lm import FunctionalLanguageModel
 
 SIZE_FIELDS = ("n_layer", "d_model", "n_head", "vocab_size", "block_size")
@@ -101,25 +101,11 @@ class NeoXMLP(nn.Module):
         self.fc2 = nn.Linear(c.d_mlp, c.d_model)
 
 
-class NeoXBlock(nn.Module):
-    def __init__(self, c: NeoXConfig):
-        super().__init__()
-        self.ln1, self.ln2 = Norm(c.d_model, "layernorm", c.eps), Norm(c.d_model, "layernorm", c.eps)
-        self.attn = NeoXAttention(c)
-        self.mlp = NeoXMLP(c)
-
-
 class NeoX(FunctionalLanguageModel):
     def __init__(self, config: NeoXConfig):
         super().__init__()
         c = self.config = config
-        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleList(NeoXBlock(c) for _ in range(c.n_layer))
-        self.ln_f = Norm(c.d_model, "layernorm", c.eps)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        init_weights(self)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.tok_embed.weight
+        self._decoder(c, "layernorm", lambda: NeoXAttention(c), lambda: NeoXMLP(c))
 
     def arch(self) -> Arch:
         c = self.config

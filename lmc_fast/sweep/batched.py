@@ -14,7 +14,7 @@ import torch
 
 from ..models import functional as Fn
 from .checks import check_batch, plan_mixture_blocks, spec_from_params
-from .metrics import MetricSums
+from .metrics import MetricSums, task_of
 from .resume import BlockCheckpoint, block_key, check_every, params_fingerprint, run_block
 from .shard import reduce_sums, sharded
 
@@ -137,15 +137,15 @@ def _evaluate_block(arch, params_list, W, idx, ends, data, sums, spec, dtype, de
         check_batch(spec, x, y)
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
-        e = Fn.embed(arch, ends, x)  # (N, B, T, d)
+        e = Fn.embed_sum(arch, ends, x)  # (N, B, T, d)
         k_pass, b_pass = pass_plan(K, e.shape[1], e.shape[2], chunk, budget)
         for s in range(0, e.shape[1], b_pass):
             es, ys = e[:, s:s + b_pass], y[s:s + b_pass]
             for k0 in range(0, K, k_pass):
                 k1 = min(k0 + k_pass, K)
                 p = {name: t[k0:k1] for name, t in mixed.items()}
-                h = torch.einsum("kn,n...->k...", Wd[k0:k1], es)
-                accumulate(sums, idx[k0:k1], Fn.head(arch, p, Fn.blocks(arch, p, h)), ys)
+                h = Fn.embed_norm(arch, p, torch.einsum("kn,n...->k...", Wd[k0:k1], es))
+                accumulate(sums, idx[k0:k1], Fn.head(arch, p, Fn.blocks(arch, p, h)), ys, task_of(arch))
         if record is not None:
             record.evaluated()
         if progress is not None:
@@ -154,11 +154,12 @@ def _evaluate_block(arch, params_list, W, idx, ends, data, sums, spec, dtype, de
         record.finish()
 
 
-def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor):
+def accumulate(sums: list, idx: list[int], logits: torch.Tensor, targets: torch.Tensor, task: str):
     """Add a (len(idx), B, ...) block of logits to the running metrics of mixtures idx."""
     for j, i in enumerate(idx):
         if sums[i] is None:
-            sums[i] = MetricSums(is_lm=logits.dim() == 4)
+            sums[i] = MetricSums(is_lm=task != "classify")
+        sums[i].task = task  # sums read back from a block record do not carry it
         sums[i].add(logits[j], targets)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
+
 
 def reiterable(data):
     """Data that can be iterated more than once: one-shot iterators are materialised."""
@@ -28,10 +30,13 @@ class Checked:
         self.data, self.spec = reiterable(data), spec
 
     def __iter__(self):
-        from .checks import check_batch
+        from .checks import check_batch, check_images, check_token_ids
 
         for batch in self.data:
             if not isinstance(batch, (tuple, list)) or len(batch) != 2:
                 raise ValueError(f"a batch must be an (inputs, targets) pair, got {type(batch).__name__}")
-            check_batch(self.spec, *batch)
+            if batch[1] is None and isinstance(batch[0], torch.Tensor):  # activation statistics read inputs only
+                (check_token_ids if self.spec.inputs == "tokens" else check_images)(self.spec, batch[0])
+            else:
+                check_batch(self.spec, *batch)
             yield batch

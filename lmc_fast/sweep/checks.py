@@ -64,11 +64,12 @@ def spec_from_model(model) -> InputSpec:
     """The spec of a model object, read from its config (reference or Hugging Face)."""
     from ..models.adapters import adapter_for
 
-    inputs, c = adapter_for(model).arch(model).inputs, model.config
-    if inputs == "tokens":
-        block = (getattr(c, "block_size", None) or getattr(c, "n_positions", None)
-                 or getattr(c, "max_position_embeddings", None))
-        return InputSpec("tokens", c.vocab_size, vocab=c.vocab_size, block_size=block)
+    adapter = adapter_for(model)
+    arch, c = adapter.arch(model), model.config
+    if arch.inputs == "tokens":
+        block = adapter.shape_fields(model)["context"]
+        n_out = adapter.shape_fields(model).get("num_classes", c.vocab_size)  # sequence classifiers
+        return InputSpec("tokens", n_out, vocab=c.vocab_size, block_size=block)
     channels = getattr(c, "channels", None) or c.num_channels
     n_out = getattr(c, "num_classes", None) or c.num_labels
     return InputSpec("patches", n_out, image_shape=(channels, *_square(c.image_size)))

@@ -20,6 +20,7 @@ import torch
 from ..models.adapters import Arch
 from ..models import functional as Fn
 from .batched import accumulate, results, token_budget
+from .metrics import task_of
 from .checks import check_batch, check_sweep_memory, spec_from_params
 from .shard import reduce_sums, sharded
 
@@ -80,10 +81,10 @@ def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torc
     `functional`'s forward with `LerpOps` for its linear layers and norms."""
     K = lam.shape[0]
     ends = Fn.stack([{k: pa[k] for k in Fn.embedding_names(arch)}, {k: pb[k] for k in Fn.embedding_names(arch)}])
-    e = Fn.embed(arch, ends, inputs)  # (2, B, T, d): the embedding is linear in the parameters
+    e = Fn.embed_sum(arch, ends, inputs)  # (2, B, T, d): the embeddings' sum is linear in the parameters
     l = lam.to(e.dtype).reshape(K, *([1] * (e.dim() - 1)))
-    h = (1 - l) * e[0] + l * e[1]
     ops = LerpOps(arch, pa, pb, lam)
+    h = Fn.embed_norm(arch, ops, (1 - l) * e[0] + l * e[1])
     return Fn.head(arch, ops, Fn.blocks(arch, ops, h))
 
 
@@ -135,7 +136,7 @@ def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         for idx, lam in zip(blocks, lam_blocks):
-            accumulate(sums, idx, lerp_forward(arch, pa, pb, lam, x), y)
+            accumulate(sums, idx, lerp_forward(arch, pa, pb, lam, x), y, task_of(arch))
         if progress is not None:
             progress.update(1)
     return results(reduce_sums(sums, shard))

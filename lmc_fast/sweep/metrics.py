@@ -1,9 +1,14 @@
 """Task losses and evaluation metrics shared by training, matching and sweeps.
 
-Classification: logits (B, C), integer targets (B,). Language modelling: logits (B, T, V) and
-targets = the input ids themselves; the shift happens here, as with Hugging Face `labels=`.
+The task says how logits meet targets (`TASKS`, read off the model's Arch by `task_of`):
+- "classify": logits (B, C), integer targets (B,);
+- "next_token" (causal LMs): logits (B, T, V), targets = the input ids themselves; the shift
+  happens here, as with Hugging Face `labels=`;
+- "masked_token" (BERT): logits (B, T, V), targets (B, T) at the same positions: the original
+  ids where the inputs were masked, -100 elsewhere (Hugging Face's masked-LM collator's labels).
 A target of -100 (`IGNORE_INDEX`, Hugging Face's convention) marks a position to skip: it
-counts in no loss, accuracy, calibration bin or example count.
+counts in no loss, accuracy, calibration bin or example count. Callers that do not say the
+task get it from the logits' rank: (B, C) classify, (B, T, V) next-token.
 """
 from __future__ import annotations
 
@@ -17,36 +22,54 @@ from .checks import IGNORE_INDEX, check_batch, spec_from_model
 ECE_BINS = 15
 
 
-def flat_logits_targets(logits: torch.Tensor, targets: torch.Tensor):
-    """(N, C) logits and (N,) targets, shifting for language models."""
-    if logits.dim() == 3:
-        if targets.shape != logits.shape[:2]:
-            raise ValueError(f"LM targets must be the input ids of shape {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
+TASKS = ("classify", "next_token", "masked_token")
+
+
+def task_of(arch) -> str:
+    """The model's task: classifiers pool, causal LMs predict the next token, bidirectional ones masked tokens."""
+    if arch.pooling == "cls":
+        return "classify"
+    return "next_token" if arch.causal else "masked_token"
+
+
+def flat_logits_targets(logits: torch.Tensor, targets: torch.Tensor, task: str | None = None):
+    """(N, C) logits and (N,) targets, shifting for next-token prediction."""
+    if task is None:
+        task = "next_token" if logits.dim() == 3 else "classify"
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task != "classify":
+        if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+            what = "the input ids" if task == "next_token" else "the masked positions' ids (-100 elsewhere)"
+            raise ValueError(f"LM targets must be {what} of shape {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
+        if task == "masked_token":
+            return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
         return logits[:, :-1].reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1)
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"classification needs logits (B, C) and targets (B,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
     return logits, targets
 
 
-def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
+              task: str | None = None) -> torch.Tensor:
     """Mean cross-entropy over the kept targets (-100 skipped). A batch with nothing kept
     gives a zero that still carries the graph (so backward runs) and moves nothing."""
-    lg, tg = flat_logits_targets(logits, targets)
+    lg, tg = flat_logits_targets(logits, targets, task)
     if not (tg != IGNORE_INDEX).any():
         return lg.float().sum() * 0.0
     return F.cross_entropy(lg.float(), tg, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
 
 
-def has_kept_targets(logits: torch.Tensor, targets: torch.Tensor) -> bool:
+def has_kept_targets(logits: torch.Tensor, targets: torch.Tensor, task: str | None = None) -> bool:
     """Whether any target (after the LM shift) is not the ignore index."""
-    return bool((flat_logits_targets(logits, targets)[1] != IGNORE_INDEX).any())
+    return bool((flat_logits_targets(logits, targets, task)[1] != IGNORE_INDEX).any())
 
 
 class MetricSums:
     """Accumulates loss / accuracy / calibration over batches (sums, so batch sizes may differ)."""
 
-    def __init__(self, is_lm: bool = False):
-        self.is_lm = is_lm
+    def __init__(self, is_lm: bool = False, task: str | None = None):
+        self.is_lm, self.task = is_lm, task
         self.batches = 0
         self.n = 0
         self.loss = 0.0
@@ -56,7 +79,7 @@ class MetricSums:
         self.bin_n = torch.zeros(ECE_BINS, dtype=torch.float64)
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor):
-        lg, tg = flat_logits_targets(logits, targets)
+        lg, tg = flat_logits_targets(logits, targets, self.task)
         self.batches += 1
         kept = tg != IGNORE_INDEX
         if not bool(kept.all()):
@@ -98,6 +121,7 @@ def evaluate(model, data, device=None, max_batches: int | None = None) -> dict:
     from ..models.adapters import adapter_for
 
     adapter = adapter_for(model)
+    task = task_of(adapter.arch(model))
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
@@ -111,7 +135,7 @@ def evaluate(model, data, device=None, max_batches: int | None = None) -> dict:
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         logits = adapter.logits(model, x)
         if sums is None:
-            sums = MetricSums(is_lm=logits.dim() == 3)
+            sums = MetricSums(is_lm=task != "classify", task=task)
         sums.add(logits, y.to(device))
     model.train(was_training)
     if sums is None:

@@ -63,7 +63,7 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
             store(b + "v.bias", torch.zeros_like(b_v[:, 0].reshape(-1)))
         if b + "k.bias" in p and not arch.rotary:
             store(b + "k.bias", torch.zeros_like(d64(b + "k.bias")))
-    if arch.norm == "layernorm":
+    if arch.norm == "layernorm" and not arch.post_norm:
         for name, axis in residual_writers(arch):
             W = d64(name)
             store(name, W - W.mean(dim=axis, keepdim=True))

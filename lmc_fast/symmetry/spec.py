@@ -87,6 +87,7 @@ def residual_writers(arch: Arch) -> list[tuple[str, int]]:
         out = [("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 0), ("pos_embed", 1)]
     else:
         out = [("tok_embed.weight", 1)] + ([("pos_embed", 1)] if arch.positions == "learned" else [])
+        out += [("type_embed", 1)] if arch.token_types else []
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
         out += [(b + "attn.o.weight", 0)] + ([(b + "attn.o.bias", 0)] if arch.o_bias else [])
@@ -95,7 +96,11 @@ def residual_writers(arch: Arch) -> list[tuple[str, int]]:
 
 
 def norm_readers(arch: Arch) -> dict[str, list[str]]:
-    """Each norm's name -> the linear layers that read its output."""
+    """Each pre-norm's name -> the linear layers that read its output (what the canonical form folds it
+    into). Post-norm models have none: their norms sit on the stream, read by the next block and by
+    the residual connection alike."""
+    if arch.post_norm:
+        return {}
     out = {}
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
@@ -106,7 +111,20 @@ def norm_readers(arch: Arch) -> dict[str, list[str]]:
 
 
 def residual_readers(arch: Arch) -> list[tuple[str, int]]:
+    if arch.post_norm:  # every block reads the stream directly, and so does the head's first layer
+        first = "pooler" if arch.pooler else "head_dense" if arch.head_transform else arch.head_name
+        layers = [f"blocks.{l}.attn.{n}" for l in range(arch.n_layer) for n in "qkv"]
+        layers += [r for l in range(arch.n_layer) for r in arch.mlp_readers(l)]
+        return [(r + ".weight", 1) for r in layers + [first]]
     return [(r + ".weight", 1) for readers in norm_readers(arch).values() for r in readers]
+
+
+def post_norm_stream(arch: Arch) -> list[tuple[str, int]]:
+    """(param, axis) of the norms on a post-norm model's stream: their scales and shifts move with a
+    permutation of it."""
+    norms = (["ln_emb"] if arch.embed_norm else []) + [f"blocks.{l}.{n}" for l in range(arch.n_layer)
+                                                        for n in ("ln1", "ln2")]
+    return [(n + t, 0) for n in norms for t in (".weight", ".bias")]
 
 
 # ---------------------------------------------------------------------- spec builders
@@ -131,7 +149,21 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
             axes += [Axis(r.replace(".weight", ".bias"), 0) for r in readers]
         axes.append(Axis(b + "mlp.fc2.weight", 1, True))
         groups[f"mlp.{l}"] = Group(f"mlp.{l}", "permutation", arch.d_mlp, tuple(axes))
+    if arch.pooler:  # the pooler's tanh units (BERT's sequence classifiers)
+        groups["pooler"] = Group("pooler", "permutation", arch.d_model,
+                                 (Axis("pooler.weight", 0), Axis("pooler.bias", 0), Axis(arch.head_name + ".weight", 1, True)))
+    if arch.head_transform:  # BERT's masked-LM transform: its units, with its norm, read by the head
+        axes = (Axis("head_dense.weight", 0), Axis("head_dense.bias", 0), Axis("ln_head.weight", 0),
+                Axis("ln_head.bias", 0), Axis(arch.head_name + ".weight", 1, True))
+        groups["head_transform"] = Group("head_transform", "permutation", arch.d_model, axes)
     return groups
+
+
+def _post_norm_residual(arch: Arch) -> Group:
+    """A post-norm stream's symmetry: a permutation (a rotation does not commute with the norms' scales)."""
+    axes = [Axis(p, a) for p, a in residual_writers(arch) + post_norm_stream(arch)]
+    axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
+    return Group("residual", "permutation", arch.d_model, tuple(axes), role="residual")
 
 
 def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
@@ -143,6 +175,8 @@ def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
     commute with RoPE (per frequency plane a 2x2 rotation, or a rotation and scale)."""
     if head_map not in HEAD_MAPS:
         raise ValueError(f"head_map must be one of {HEAD_MAPS}, got {head_map!r}")
+    if arch.post_norm:
+        return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": _post_norm_residual(arch)})
     axes = [Axis(p, a) for p, a in residual_writers(arch)]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     if arch.norm == "layernorm":
@@ -158,6 +192,9 @@ def permutation_spec(arch: Arch, heads: bool = True) -> Spec:
     whole heads per layer (Q / K / V row blocks with their biases and O column blocks move
     together, no per-head map: Verma & Elbayad's Transformer re-basin). `heads=False`
     leaves attention alone (the earlier baseline)."""
+    if arch.post_norm:
+        return Spec(arch, "raw", {**_layer_groups(arch, NO_HEAD_MAP if heads else None),
+                                  "residual": _post_norm_residual(arch)})
     axes = [Axis(p, a) for p, a in residual_writers(arch)]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     for n in norm_readers(arch):

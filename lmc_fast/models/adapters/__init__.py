@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from ...numerics import all_finite
 from ..arch import Arch  # noqa: F401 - re-exported (modules import it from here)
+from ..bert import Bert, BertConfig
 from ..gpt2 import GPT2, GPT2Config
 from ..llama import Llama, LlamaConfig
 from ..neox import NeoX, NeoXConfig
 from ..vit import ViT, ViTConfig
 from .base import Adapter, IncompatibleModelsError, UnsupportedModelError, _hf_class
+from .hf_bert import HFBertAdapter
 from .hf_gpt2 import HFGPT2Adapter
 from .hf_llama import HFLlamaAdapter
 from .hf_neox import HFGPTNeoXAdapter
@@ -25,15 +27,17 @@ from .reference import RefGPT2Adapter, RefFunctionalAdapter, RefViTAdapter
 #: our checkpoints' model_type -> (model class, config class, adapter): what `adapter_for`, `io` (save /
 #: load) and the CLI (`train --model`, `--config` fields) read. A new reference model is one entry here.
 REFERENCE = {"vit": (ViT, ViTConfig, RefViTAdapter), "gpt2": (GPT2, GPT2Config, RefGPT2Adapter),
-             "llama": (Llama, LlamaConfig, RefFunctionalAdapter), "neox": (NeoX, NeoXConfig, RefFunctionalAdapter)}
-#: Hugging Face config.json model_type -> (transformers class name, adapter)
-HUGGING_FACE = {"gpt2": ("GPT2LMHeadModel", HFGPT2Adapter), "vit": ("ViTForImageClassification", HFViTAdapter),
-                "gpt_neox": ("GPTNeoXForCausalLM", HFGPTNeoXAdapter),
-                **{t: (name, HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}
+             "llama": (Llama, LlamaConfig, RefFunctionalAdapter), "neox": (NeoX, NeoXConfig, RefFunctionalAdapter),
+             "bert": (Bert, BertConfig, RefFunctionalAdapter)}
+#: Hugging Face config.json model_type -> (transformers class names, adapter); a folder loads as the first
+#: class unless its config's "architectures" names another of them
+HUGGING_FACE = {"gpt2": (("GPT2LMHeadModel",), HFGPT2Adapter), "vit": (("ViTForImageClassification",), HFViTAdapter),
+                "gpt_neox": (("GPTNeoXForCausalLM",), HFGPTNeoXAdapter), "bert": (HFBertAdapter.CLASSES, HFBertAdapter),
+                **{t: ((name,), HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}
 
 
 def reference_model_type(model) -> str | None:
-    """Our model_type of a reference model ("vit", "gpt2", "llama"), None for any other object."""
+    """Our model_type of a reference model (a REFERENCE key), None for any other object."""
     return next((t for t, (cls, _, _) in REFERENCE.items() if type(model) is cls or isinstance(model, cls)), None)
 
 
@@ -44,11 +48,11 @@ def adapter_for(model) -> Adapter:
         return REFERENCE[kind][2]()
     cls = type(model)
     if cls.__module__.startswith("transformers"):
-        for name, adapter in HUGGING_FACE.values():
-            if isinstance(model, _hf_class(name)):
+        for names, adapter in HUGGING_FACE.values():
+            if any(isinstance(model, _hf_class(name)) for name in names):
                 return adapter()
     supported = [f"lmc_fast.models.{c.__name__}" for c, _, _ in REFERENCE.values()]
-    supported += [f"transformers.{name}" for name, _ in HUGGING_FACE.values()]
+    supported += [f"transformers.{name}" for names, _ in HUGGING_FACE.values() for name in names]
     raise UnsupportedModelError(f"cannot map module {cls.__module__}.{cls.__name__}: supported are "
                                 f"{', '.join(supported[:-1])} and {supported[-1]}")
 

@@ -61,6 +61,9 @@ class Adapter:
 
 
 def _tied(params) -> bool:
+    """Whether the LM head equals the token embedding (False for models without an LM head)."""
+    if "lm_head.weight" not in params:
+        return False
     return params["lm_head.weight"].shape == params["tok_embed.weight"].shape and torch.equal(
         params["lm_head.weight"], params["tok_embed.weight"]
     )

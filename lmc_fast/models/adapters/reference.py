@@ -30,8 +30,8 @@ class RefViTAdapter(Adapter):
 
 
 class _RefLanguageModelAdapter(Adapter):
-    """Our language models (GPT-2, Llama): parameters already under the standard names, and a
-    head that may be tied to the token embedding."""
+    """Our token models (GPT-2, Llama, NeoX, BERT): parameters already under the standard names, and
+    an LM head that may be tied to the token embedding (or a classifier: BERT's sequence models)."""
 
     def config_fields(self, model):
         # tied or not is free: standard parameters always hold lm_head.weight, and build()
@@ -41,11 +41,15 @@ class _RefLanguageModelAdapter(Adapter):
         return out
 
     def shape_fields(self, model):
-        return {"vocab_size": model.config.vocab_size, "context": model.config.block_size}
+        out = {"vocab_size": model.config.vocab_size, "context": model.config.block_size}
+        if getattr(model.config, "num_classes", None) is not None:
+            out["num_classes"] = model.config.num_classes
+        return out
 
     def get(self, model):
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
+        if hasattr(model, "lm_head"):
+            state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
         return state
 
     def build(self, template, params):
@@ -65,7 +69,7 @@ class RefGPT2Adapter(_RefLanguageModelAdapter):
 
 
 class RefFunctionalAdapter(_RefLanguageModelAdapter):
-    """lmc_fast.models.Llama and NeoX: models that describe their own Arch."""
+    """lmc_fast.models.Llama, NeoX and Bert: models that describe their own Arch."""
 
     def arch(self, model):
         return model.arch()
