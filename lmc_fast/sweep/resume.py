@@ -205,7 +205,6 @@ class BlockCheckpoint:
             warnings.warn(f"{self.path}: unreadable sweep record ({exc}); recomputing the block", stacklevel=4)
             return None
         try:
-            record = json.loads(text)
             record = self._check(json.loads(text))
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, OverflowError) as exc:
             warnings.warn(f"{self.path}: not a record of this block ({exc}); recomputing the block", stacklevel=4)
