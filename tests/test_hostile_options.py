@@ -103,3 +103,24 @@ def test_grid_spec_counts_pairs_before_building_them(seeds):
             "grid": {"pairs": "all", "methods": ["none"]}}
     with pytest.raises(ValueError, match="grid.pairs: \"all\" of .* pairs, more than"):
         parse_spec(spec)
+
+
+# (case id, merge_many keywords, text of the one line)
+MERGE_BAD = [
+    ("rounds-negative", dict(rounds=-3), "rounds must be a whole number"),
+    ("rounds-fraction", dict(rounds=2.5), "rounds must be a whole number"),
+    ("mean-with-a-data-method", dict(method="activation", data=_data(2), mode="mean"), "needs a data-free method"),
+]
+
+
+@pytest.mark.parametrize("case", MERGE_BAD, ids=[c[0] for c in MERGE_BAD])
+def test_merge_many_refuses_a_bad_option_before_any_alignment(monkeypatch, case):
+    from lmc_fast.match import many
+
+    _, kw, text = case
+    calls = []
+    monkeypatch.setattr(many, "align", lambda *a, **k: calls.append(1))
+    models = [make_model("vit", seed=s, dtype=torch.float32) for s in range(3)]
+    with pytest.raises(ValueError, match=text):
+        lf.merge_many(models, **kw)
+    assert not calls

@@ -10,6 +10,7 @@ from ..models.resize import widen_all
 from ..symmetry import Alignment
 from ..method_names import DATA_FREE_ALIGN_METHODS
 from .align import align, params_pair
+from .options import check_option
 
 
 def _same(spec, e1: dict, e2: dict, atol: float = 1e-9) -> bool:
@@ -35,11 +36,15 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     """
     if len(models) < 2:
         raise ValueError("merge_many needs at least two models")
+    if mode not in ("mean", "reference"):
+        raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
+    if mode == "mean" and method not in DATA_FREE_ALIGN_METHODS:  # before any alignment is solved
+        raise ValueError(f"mode='mean' needs a data-free method ({' or '.join(map(repr, DATA_FREE_ALIGN_METHODS))})")
+    check_option("rounds", rounds)
+    check_option("seed", seed)
     for i, m in enumerate(models[1:], start=1):  # any MLP widths: all are padded to the widest
         check_compatible(models[0], m, f"models[{i}]", "models[0]", mlp="any")
     models = widen_all(models)
-    if mode not in ("mean", "reference"):
-        raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
     alignments = [None] + [align(models[0], m, method, data=data, seed=seed) for m in models[1:]]
     spec = alignments[1].spec
     originals = [params_pair(models[0], m, spec.space)[2] for m in models]
@@ -47,8 +52,6 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     current = [al.apply_params(p) for al, p in zip(alignments, originals)]
     done_rounds = 0
     if mode == "mean":
-        if method not in DATA_FREE_ALIGN_METHODS:
-            raise ValueError(f"mode='mean' needs a data-free method ({' or '.join(map(repr, DATA_FREE_ALIGN_METHODS))})")
         from .weight import weight_matching
 
         rng = random.Random(seed)

@@ -105,6 +105,7 @@ CHECKS = {
     "warmup": _real(0.0, 1.0, hi_open=True, none=True),
     "clip": _real(0.0, lo_open=True, none=True),
     "checkpoint_every": _int(1, none=True),
+    "rounds": _int(1),
 }
 
 
