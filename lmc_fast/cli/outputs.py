@@ -82,6 +82,45 @@ class Outputs:
                 figure_format(path)
             except ValueError as exc:
                 raise CLIError(f"{label} {exc}") from None
+        for label, path in self.files:
+            if path.is_file() and not written_by_us(path):
+                raise CLIError(f"{label} {path}: exists and was not written by lmc-fast; not overwriting it "
+                               f"(remove it or choose another path)")
+
+
+_FIGURE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"%PDF-", b"<?xml")
+
+
+def written_by_us(path: Path) -> bool:
+    """Whether the file at `path` is one lmc-fast writes (so a command may replace it): a JSON result
+    (an object with a "kind"), a safetensors file with lmc_fast metadata, or a figure (PNG, PDF, SVG)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if head.startswith(_FIGURE_MAGIC) or head[:5] in _FIGURE_MAGIC:
+                return True
+            if head.lstrip()[:1] == b"{":
+                f.seek(0)
+                obj = json.loads(f.read().decode("utf-8"))
+                return isinstance(obj, dict) and isinstance(obj.get("kind"), str)
+    except (OSError, ValueError):
+        return False
+    return _lmc_fast_safetensors(path)
+
+
+def _lmc_fast_safetensors(path: Path) -> bool:
+    try:
+        from safetensors import safe_open
+
+        from ..paths import utf8_name
+
+        with utf8_name(path) as name, safe_open(name, framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - not a safetensors file (or not readable): not ours
+        return False
+    return "lmc_fast" in meta or str(meta.get("format", "")).startswith("lmc_fast")
 
 
 def _check_parent(where: str, path: Path):
