@@ -316,6 +316,20 @@ def _signal_guard(what):
             raise InterruptedError(f"{what}: write interrupted by {signal.Signals(caught[0]).name}")
 
 
+def check_writable(path, what: str) -> None:
+    """Before any work: `path` can be created (its nearest existing folder is one this process may
+    write in); an OutputError naming `what` otherwise."""
+    parent = Path(path).parent
+    while not parent.exists():
+        if parent.is_symlink():
+            raise OutputError(f"{what} {path}: {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"{what} {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{what} {path}: cannot write in {parent} (permission denied)")
+
+
 #: how a writer written in Rust (safetensors) reports the OS error under it
 _RUST_OS_ERROR = re.compile(r'Os \{ code: (\d+), kind: \w+, message: "([^"]*)" \}')
 
@@ -414,4 +428,4 @@ def _rename_new_folder(tmp: Path, path: Path) -> bool:
 
 
 
-__all__ = ["atomic_dir", "atomic_file", "finite_json", "json_text", "write_json"]
+__all__ = ["atomic_dir", "atomic_file", "check_writable", "finite_json", "json_text", "write_json"]

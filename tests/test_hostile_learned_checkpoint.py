@@ -186,3 +186,17 @@ def test_a_checkpoint_in_a_non_utf8_folder_resumes(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _same(_run(checkpoint=ckpt, checkpoint_every=3), _run())
+
+
+def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Its folder is a file: refused now, not by the first save after `checkpoint_every` steps of work."""
+    (tmp_path / "notes").write_text("a file, not a folder")
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
+             torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(s))) for s in range(4)]
+    calls = []
+    monkeypatch.setattr(lf.match.learned, "end_models_training_loss", lambda *a, **k: calls.append(1) or 1.0)
+    with pytest.raises(ValueError, match=r"checkpoint .*notes is not a folder"):
+        lf.align(a, b, "learned", data=data, steps=4, eval_every=2, checkpoint=tmp_path / "notes" / "c.ckpt",
+                 checkpoint_every=2)
+    assert not calls

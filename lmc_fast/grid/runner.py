@@ -316,9 +316,12 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
     from ..cli.data import data_paths
     from .report import REPORT_FILES, foreign_report_file
 
+    from ..atomic import check_writable
+
     ins = [Path(p) for p in inputs] + data_paths(spec.data) + [Path(p) for p in spec.models]
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
+    check_writable(out / "grid.json", "--out")
     real_out = out.resolve()
     # models/ only where the grid trains its models there (given paths may well point into it)
     owned = [real_out / name for name in OWNED_FOLDERS if name != "models" or not spec.models]
@@ -339,6 +342,7 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
             raise ValueError(f"--profile {profile}: inside the grid's own outputs in {out}; choose another folder")
         if Path(profile).exists() and not Path(profile).is_dir():
             raise ValueError(f"--profile {profile}: exists and is not a folder (the trace is written into a folder)")
+        check_writable(Path(profile) / "trace.json", "--profile")
         if any(trace == src.resolve() or src.resolve() in trace.parents for src in ins):
             raise ValueError(f"--profile {profile}: is an input or inside one; choose another folder")
     for name in REPORT_FILES:

@@ -120,8 +120,11 @@ def _warm_states(module) -> list:
 def check_path(path) -> None:
     """Before any work: `path` must be free, or hold a learned-matching checkpoint (which a run
     may replace); anything else there is refused, never overwritten."""
+    from ..atomic import check_writable
+
     path = Path(path)
     if not path.exists() and not path.is_symlink():
+        check_writable(path, "checkpoint")
         return
     if not path.is_file():
         raise ValueError(f"checkpoint {path} exists and is not a file; refusing to overwrite it")
@@ -130,6 +133,7 @@ def check_path(path) -> None:
     except ValueError as exc:
         raise ValueError(f"checkpoint {path} holds something other than a learned-matching checkpoint ({exc}); "
                          f"refusing to overwrite it: pass a new path or remove the file") from None
+    check_writable(path, "checkpoint")
 
 
 def _read(path: Path):
