@@ -541,10 +541,17 @@ def _hf_renamer(model):
     return lambda k: rename_source_key(k, transforms, [], model.base_model_prefix, state)[0]
 
 
-def _kept_on_load(cls, specs: dict) -> dict:
-    """The specs of the tensors the class loads: without those it drops (its
-    _keys_to_ignore_on_load_unexpected, e.g. the boolean attention-mask buffers in Pythia's files)."""
+def _dropped_on_load(cls, model) -> list:
+    """Patterns of the tensor names a class drops on load: its _keys_to_ignore_on_load_unexpected (e.g. the
+    boolean attention-mask buffers in Pythia's files) and the model's non-persistent buffers, which older
+    files stored (e.g. BERT's integer position_ids)."""
     ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
+    persistent = set(model.state_dict())
+    return ignore + [re.compile(rf"(^|\.){re.escape(n)}$") for n, _ in model.named_buffers() if n not in persistent]
+
+
+def _kept_on_load(specs: dict, ignore: list) -> dict:
+    """The specs of the tensors the class loads (without those matching `ignore`, _dropped_on_load's)."""
     return {k: v for k, v in specs.items() if not any(p.search(k) for p in ignore)}
 
 
@@ -553,8 +560,8 @@ def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> No
     expected = _shapes(model)
     tied = getattr(cls, "_tied_weights_keys", None) or ()
     optional = set(tied) if getattr(config, "tie_word_embeddings", False) else set()
-    ignore = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())]
-    _check_dtypes(weights, _kept_on_load(cls, specs))
+    ignore = _dropped_on_load(cls, model)
+    _check_dtypes(weights, _kept_on_load(specs, ignore))
     rename = _hf_renamer(model)
     try:
         names = {k: rename(k) for k in specs} if rename is not None else None
@@ -613,7 +620,8 @@ def _load_hf(path: Path):
         with _hf_quiet() as transformers:
             model, info = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
                                               output_loading_info=True,
-                                              **_dtype_kwarg(transformers, _kept_on_load(cls, specs)))
+                                              **_dtype_kwarg(transformers,
+                                                             _kept_on_load(specs, _dropped_on_load(cls, meta_model))))
     except Exception as exc:  # whatever transformers raises for a folder that passed the checks above
         raise CheckpointError(f"{path}: cannot load {name}: {_first_line(exc)}") from None
     _check_hf_loading_info(path, model, info)

@@ -90,14 +90,26 @@ def test_unsupported_bert_variants_are_refused_in_one_line(cls, overrides, messa
     assert "\n" not in str(err.value)
 
 
-def test_bert_for_pretraining_is_refused_naming_the_class():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        m = transformers.BertForPreTraining(transformers.BertConfig(vocab_size=VOCAB, hidden_size=32,
-                                                                    num_hidden_layers=1, num_attention_heads=4,
-                                                                    intermediate_size=48))
-    with pytest.raises(UnsupportedModelError, match="BertForPreTraining"):
-        adapter_for(m)
+def test_bert_for_pretraining_measures_the_masked_lm_and_keeps_the_next_sentence_head():
+    """MultiBERTs' class: the masked-LM logits are what the library measures; the pooler and the
+    next-sentence head are carried along, and every group element keeps both functions."""
+    m = hf_bert("BertForPreTraining")
+    arch, p = standard_params(m)
+    x = ids(2)
+    out = m(input_ids=x)
+    assert (functional_logits(arch, p, x) - out.prediction_logits).abs().max() < 1e-10
+    back = adapter_for(m).build(m, p)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), back.state_dict().values()))
+    spec = canonical_spec(arch)
+    assert spec.groups["pooler"].axes[-1].param == "nsp.weight"
+    truth = Alignment.random(spec, seed=3)
+    moved = truth.apply(m)
+    after = moved(input_ids=x)
+    assert (after.prediction_logits - out.prediction_logits).abs().max() < 1e-10
+    assert (after.seq_relationship_logits - out.seq_relationship_logits).abs().max() < 1e-10
+    al = lf.align(m, moved, "weight")
+    inv = truth.inverse()
+    assert all(torch.equal(al[n]["perm"], inv[n]["perm"]) for n, g in spec.groups.items())
 
 
 @pytest.mark.parametrize("field,value,message", [("n_head", 5, "not divisible by n_head"),
@@ -333,3 +345,38 @@ def test_lerp_kernel_engine_on_cuda_bert():
     if not triton_available("cuda"):
         pytest.skip("Triton CUDA path unavailable (TRITON_INTERPRET set?)")
     _lerp_kernel_matches_batched("cuda", 1e-3)
+
+
+def test_a_multiberts_style_folder_loads_aligns_and_exports(tmp_path):
+    """A BertForPreTraining folder written the way older checkpoints are: LayerNorm.gamma / .beta names,
+    the integer position_ids buffer stored with the weights, the tied decoder stored once."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from lmc_fast.io import load_model, save_model
+
+    folders = []
+    for seed in (1, 2):
+        m = hf_bert("BertForPreTraining", seed=seed).float()
+        folder = tmp_path / f"multiberts-seed_{seed}"
+        folder.mkdir()
+        cfg = {k: v for k, v in m.config.to_dict().items() if k not in ("transformers_version", "dtype")}
+        (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForPreTraining"]}))
+        tensors = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
+                   v.contiguous() for k, v in m.state_dict().items()
+                   if k not in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")}
+        tensors["bert.embeddings.position_ids"] = torch.arange(16)[None]
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        folders.append((folder, m))
+    a, b = (load_model(f) for f, _ in folders)
+    x = ids(4)
+    for loaded, (_, original) in zip((a, b), folders):
+        assert type(loaded).__name__ == "BertForPreTraining"
+        assert (loaded(input_ids=x).prediction_logits - original(input_ids=x).prediction_logits).abs().max() == 0
+    al = lf.align(a, b, "weight")
+    aligned = al.apply(b)
+    assert rel_err(aligned(input_ids=x).seq_relationship_logits, b(input_ids=x).seq_relationship_logits) < 1e-5
+    save_model(aligned, tmp_path / "aligned")
+    again = load_model(tmp_path / "aligned")
+    assert rel_err(logits(again, x), logits(aligned, x)) < 1e-6

@@ -14,7 +14,8 @@ Standard parameter names (nn.Linear's (out, in) layout):
     blocks.L.attn.q / k / v / o (.weight, .bias where the arch has them); k and v have
         n_kv_head * head_dim rows (grouped-query attention), q has n_head * head_dim
     blocks.L.mlp.fc1 (up), mlp.gate (gated MLPs only: act(gate x) * fc1 x), mlp.fc2 (down)
-    ln_f (pre-norm only), pooler (pooler: tanh(pooler h_cls), BERT's sequence classifiers),
+    ln_f (pre-norm only), pooler (pooler: tanh(pooler h_cls), read by the classifier `head` of BERT's
+        sequence classifiers, or by `nsp`, the next-sentence head of BERT's pretraining models),
     head_dense and ln_head (head_transform: BERT's masked-LM transform ln_head(act(head_dense h))),
     then `head` (classifier, pooled "cls") or `lm_head` (per token, pooling "none")
 """
@@ -82,7 +83,11 @@ class Arch:
     token_types: int = 0  # rows of type_embed (BERT's token types); 0: none
     embed_norm: bool | None = None  # a norm (ln_emb) on the embeddings' sum
     head_transform: bool | None = None  # BERT's masked-LM transform before the head
-    pooler: bool = False  # tanh(pooler h_cls) before the classifier (BERT's sequence classifiers)
+    pooler: bool = False  # tanh(pooler h_cls): BERT's sequence classifiers and next-sentence head
+    # attention logits q.k / sqrt(head_dim) (scale_attn), further / (layer + 1) (scale_by_layer: GPT-2's
+    # scale_attn_by_inverse_layer_idx, which Stanford CRFM's GPT-2 seed suites use)
+    scale_attn: bool = True
+    scale_by_layer: bool = False
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -136,6 +141,17 @@ class Arch:
     @property
     def head_has_bias(self) -> bool:
         return bool(self.head_bias)
+
+    @property
+    def pooler_head(self) -> str:
+        """What reads the pooler: the classifier (pooling "cls") or BERT's next-sentence head "nsp", which
+        a masked LM carries beside its logits (the library measures the masked-token logits)."""
+        return "head" if self.pooling == "cls" else "nsp"
+
+    def attn_scale(self, layer: int) -> float:
+        """The factor on block `layer`'s attention logits q . k."""
+        scale = self.head_dim ** -0.5 if self.scale_attn else 1.0
+        return scale / (layer + 1) if self.scale_by_layer else scale
 
     def attn_params(self, layer: int) -> list[str]:
         """The attention parameters of block `layer` this architecture has."""
@@ -197,7 +213,8 @@ class Arch:
                              ("positions", POSITIONS), ("pooling", POOLINGS), ("mlp", MLPS), ("residual", RESIDUALS)):
             if (key in required or d.get(key) is not None) and d[key] not in allowed:
                 raise ValueError(f"arch {key} is {d[key]!r}: must be one of {allowed}")
-        for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias", "embed_norm", "head_transform", "pooler"):
+        for key in ("causal", "qkv_bias", "o_bias", "mlp_bias", "head_bias", "embed_norm", "head_transform", "pooler",
+                    "scale_attn", "scale_by_layer"):
             if d.get(key) is not None and not isinstance(d[key], bool):
                 raise ValueError(f"arch {key} is {d[key]!r}: must be true or false")
         eps = d["eps"]
@@ -231,8 +248,8 @@ class Arch:
             raise ValueError(f"arch rotary_dim {self.rotary_dim} must be even and in [2, head_dim {self.head_dim}]")
         if self.post_norm and (self.norm != "layernorm" or self.inputs != "tokens"):
             raise ValueError("arch residual 'post' is supported for LayerNorm token models only")
-        if self.pooler and self.pooling != "cls":
-            raise ValueError("arch pooler needs pooling 'cls'")
+        if self.pooler and self.pooling != "cls" and not self.head_transform:
+            raise ValueError("arch pooler needs pooling 'cls' (a classifier) or a masked-LM head (next-sentence head)")
         if not self.rotary and self.rotary_dim:
             raise ValueError(f"arch rotary_dim {self.rotary_dim} needs rotary positions (positions is {self.positions!r})")
 

@@ -147,10 +147,11 @@ def attention(arch: Arch, p, l: int, x: torch.Tensor, record=None) -> torch.Tens
     if G != H:  # every query head of a group reads its key / value head
         k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
     mask = _attn_mask(arch, T, x.device) if arch.causal else None
+    scale = arch.attn_scale(l)
     if mask is None:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=arch.causal)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=arch.causal, scale=scale)
     else:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return ops.linear(y.transpose(1, 2).reshape(K, B, T, H * dh), b + "o")
 
 
@@ -189,9 +190,12 @@ def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
 
 def head(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     ops = _ops(arch, p)
+    if arch.pooler and arch.pooling != "cls" and record is not None:
+        # the next-sentence head's pooler: not in the logits, recorded for activation matching
+        record("pooler", torch.tanh(ops.linear(h[:, :, 0], "pooler")))
     if arch.pooling == "cls":
         h = h[:, :, 0]
-    if arch.pooler:
+    if arch.pooler and arch.pooling == "cls":
         h = torch.tanh(ops.linear(h, "pooler"))
         if record is not None:
             record("pooler", h)

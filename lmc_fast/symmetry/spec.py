@@ -112,10 +112,12 @@ def norm_readers(arch: Arch) -> dict[str, list[str]]:
 
 def residual_readers(arch: Arch) -> list[tuple[str, int]]:
     if arch.post_norm:  # every block reads the stream directly, and so does the head's first layer
-        first = "pooler" if arch.pooler else "head_dense" if arch.head_transform else arch.head_name
+        heads = ["pooler"] if arch.pooler else []  # the classifier's or the next-sentence head's pooler
+        if arch.pooling != "cls":
+            heads.append("head_dense" if arch.head_transform else arch.head_name)
         layers = [f"blocks.{l}.attn.{n}" for l in range(arch.n_layer) for n in "qkv"]
         layers += [r for l in range(arch.n_layer) for r in arch.mlp_readers(l)]
-        return [(r + ".weight", 1) for r in layers + [first]]
+        return [(r + ".weight", 1) for r in layers + heads]
     return [(r + ".weight", 1) for readers in norm_readers(arch).values() for r in readers]
 
 
@@ -149,9 +151,9 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
             axes += [Axis(r.replace(".weight", ".bias"), 0) for r in readers]
         axes.append(Axis(b + "mlp.fc2.weight", 1, True))
         groups[f"mlp.{l}"] = Group(f"mlp.{l}", "permutation", arch.d_mlp, tuple(axes))
-    if arch.pooler:  # the pooler's tanh units (BERT's sequence classifiers)
+    if arch.pooler:  # the pooler's tanh units (BERT's sequence classifiers and next-sentence head)
         groups["pooler"] = Group("pooler", "permutation", arch.d_model,
-                                 (Axis("pooler.weight", 0), Axis("pooler.bias", 0), Axis(arch.head_name + ".weight", 1, True)))
+                                 (Axis("pooler.weight", 0), Axis("pooler.bias", 0), Axis(arch.pooler_head + ".weight", 1, True)))
     if arch.head_transform:  # BERT's masked-LM transform: its units, with its norm, read by the head
         axes = (Axis("head_dense.weight", 0), Axis("head_dense.bias", 0), Axis("ln_head.weight", 0),
                 Axis("ln_head.bias", 0), Axis(arch.head_name + ".weight", 1, True))

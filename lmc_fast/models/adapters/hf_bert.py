@@ -1,7 +1,9 @@
-"""transformers.BertForMaskedLM and BertForSequenceClassification (MultiBERTs): post-norm blocks, an
-embedding LayerNorm, token types (inputs are one segment: type 0, as Hugging Face assumes when no
-token_type_ids are given), and BERT's masked-LM head (transform dense + activation + LayerNorm, a
-decoder tied to the word embeddings, its own bias) or its pooler (tanh) and classifier."""
+"""transformers.BertForMaskedLM, BertForPreTraining and BertForSequenceClassification (MultiBERTs):
+post-norm blocks, an embedding LayerNorm, token types (inputs are one segment: type 0, as Hugging Face
+assumes when no token_type_ids are given), and BERT's masked-LM head (transform dense + activation +
+LayerNorm, a decoder tied to the word embeddings, its own bias), with the pretraining models'
+next-sentence head (a tanh pooler and a 2-way classifier, carried and aligned beside the masked-LM
+logits the library measures), or a sequence classifier's pooler and classifier."""
 from __future__ import annotations
 
 from ..arch import Arch
@@ -15,7 +17,7 @@ class HFBertAdapter(Adapter):
                      "max_position_embeddings", "type_vocab_size"), (), ("hidden_size", "num_attention_heads"),
                     "num_hidden_layers")
     mlp_width_field = "intermediate_size"
-    CLASSES = ("BertForMaskedLM", "BertForSequenceClassification")
+    CLASSES = ("BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification")
     # (theirs under bert.encoder.layer.L., ours under blocks.L.)
     LAYER_NAMES = (("attention.self.query", "attn.q"), ("attention.self.key", "attn.k"),
                    ("attention.self.value", "attn.v"), ("attention.output.dense", "attn.o"),
@@ -35,7 +37,11 @@ class HFBertAdapter(Adapter):
         raise UnsupportedModelError(f"{type(model).__name__} is not one of {', '.join(self.CLASSES)}")
 
     def _masked_lm(self, model) -> bool:
-        return self._kind(model) == "BertForMaskedLM"
+        return self._kind(model) != "BertForSequenceClassification"
+
+    def _nsp(self, model) -> bool:
+        """A pretraining model: the masked LM with the next-sentence head."""
+        return self._kind(model) == "BertForPreTraining"
 
     def arch(self, model):
         c, kind = model.config, self._kind(model)
@@ -50,18 +56,20 @@ class HFBertAdapter(Adapter):
         if positions != "absolute":
             raise UnsupportedModelError(f"{kind} position_embedding_type={positions!r} is not supported "
                                         "(only 'absolute')")
-        masked = kind == "BertForMaskedLM"
+        masked = kind != "BertForSequenceClassification"
         if not masked and (c.num_labels < 2 or getattr(c, "problem_type", None) not in (None, "single_label_classification")):
             raise UnsupportedModelError(f"{kind} with num_labels={c.num_labels}, problem_type={c.problem_type!r}: "
                                         "only single-label classification (num_labels >= 2) is supported")
         return Arch.bert(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size,
                          eps=float(c.layer_norm_eps), activation=act, token_types=c.type_vocab_size,
-                         pooling="none" if masked else "cls", head_transform=masked, pooler=not masked)
+                         pooling="none" if masked else "cls", head_transform=masked,
+                         pooler=kind != "BertForMaskedLM")
 
     def config_fields(self, model):
         self.arch(model)  # refuses what cannot be mapped
         out = {k: getattr(model.config, k, None) for k in self.FIELDS}
         out["num_labels"] = None if self._masked_lm(model) else model.config.num_labels
+        out["next_sentence_head"] = self._nsp(model)
         return out
 
     def shape_fields(self, model):
@@ -85,6 +93,9 @@ class HFBertAdapter(Adapter):
             # the decoder's own bias is what the forward adds (tied to cls.predictions.bias unless the
             # config unties the head, where cls.predictions.bias is left unused)
             p["lm_head.bias"] = sd.get("cls.predictions.decoder.bias", sd["cls.predictions.bias"])
+            if self._nsp(model):
+                for t in ("weight", "bias"):
+                    p[f"pooler.{t}"], p[f"nsp.{t}"] = sd[f"bert.pooler.dense.{t}"], sd[f"cls.seq_relationship.{t}"]
         else:
             for t in ("weight", "bias"):
                 p[f"pooler.{t}"], p[f"head.{t}"] = sd[f"bert.pooler.dense.{t}"], sd[f"classifier.{t}"]
@@ -107,9 +118,13 @@ class HFBertAdapter(Adapter):
             for t in ("weight", "bias"):
                 sd[f"{theirs}.{t}"] = params[f"{ours}.{t}"]
         sd["cls.predictions.bias"] = params["lm_head.bias"]
+        if self._nsp(template):
+            for t in ("weight", "bias"):
+                sd[f"bert.pooler.dense.{t}"], sd[f"cls.seq_relationship.{t}"] = params[f"pooler.{t}"], params[f"nsp.{t}"]
         if "cls.predictions.decoder.bias" in model.state_dict():  # the same bias, tied in the module
             sd["cls.predictions.decoder.bias"] = params["lm_head.bias"]
         return _load_lm_head(model, sd, params, tie, head_key="cls.predictions.decoder.weight")
 
     def logits(self, model, inputs):
-        return model(input_ids=inputs).logits
+        out = model(input_ids=inputs)
+        return out.prediction_logits if self._nsp(model) else out.logits

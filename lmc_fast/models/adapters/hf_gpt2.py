@@ -24,7 +24,10 @@ class HFGPT2Adapter(Adapter):
         if act is None:
             raise UnsupportedModelError(f"GPT2LMHeadModel activation_function={c.activation_function!r} is not supported")
         d_mlp = c.n_inner or 4 * c.n_embd
-        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, d_mlp, "layernorm", c.layer_norm_epsilon, act)
+        # reorder_and_upcast_attn changes only the precision of the attention logits, not the function
+        return Arch("gpt2", c.n_layer, c.n_embd, c.n_head, d_mlp, "layernorm", c.layer_norm_epsilon, act,
+                    scale_attn=bool(getattr(c, "scale_attn_weights", True)),
+                    scale_by_layer=bool(getattr(c, "scale_attn_by_inverse_layer_idx", False)))
 
     # every GPT2Config field that changes shapes or the forward pass (not dropout, not ids)
     FIELDS = ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions", "layer_norm_epsilon",
