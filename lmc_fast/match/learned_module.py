@@ -43,8 +43,9 @@ def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
 
 def exact_alignment(spec, hard: dict, info: dict) -> Alignment:
     """The learned elements moved onto their groups in float64: the projections are only
-    float32-accurate, and an alignment must pass validation (1e-10) and compose exactly."""
-    return Alignment(spec, {n: E.snap(g, hard[n]) for n, g in spec.groups.items()}, info)
+    float32-accurate, and an alignment must pass validation (1e-10) and compose exactly. Validated here:
+    no learned alignment leaves that its own `validate()` would refuse."""
+    return Alignment(spec, {n: E.snap(g, hard[n]) for n, g in spec.groups.items()}, info).validate()
 
 
 class MixedAlignments(torch.nn.Module):
