@@ -200,3 +200,18 @@ def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_any_work(tmp
         lf.align(a, b, "learned", data=data, steps=4, eval_every=2, checkpoint=tmp_path / "notes" / "c.ckpt",
                  checkpoint_every=2)
     assert not calls
+
+
+def test_an_invalid_learned_element_never_leaves_as_an_alignment():
+    """exact_alignment validates what it builds (it returned an Alignment failing its own validate())."""
+    from lmc_fast.match.learned_module import exact_alignment
+    from lmc_fast.symmetry import Alignment, canonical_spec
+    from lmc_fast.models.adapters import standard_params
+
+    arch, _ = standard_params(make_model("vit", seed=1, dtype=torch.float32))
+    spec = canonical_spec(arch)
+    hard = {g: dict(el) for g, el in Alignment.identity(spec).elements.items()}
+    g = next(n for n, grp in spec.groups.items() if grp.kind == "permutation")
+    hard[g]["perm"] = torch.zeros_like(hard[g]["perm"])
+    with pytest.raises(ValueError, match="not a bijection"):
+        exact_alignment(spec, hard, {})
