@@ -510,7 +510,8 @@ def _hf_specs(shards: list) -> dict:
 
 
 def _check_hf_sizes(cfg_obj: dict, config, where: Path) -> None:
-    sizes, optional, (width, heads), _layers = _HF_SIZES[cfg_obj["model_type"]]
+    want = _HF_SIZES[cfg_obj["model_type"]]
+    sizes, optional, (width, heads) = want.required, want.optional, want.divides
     for name in sizes + optional:
         value = getattr(config, name, None)
         if value is None and name in optional:
@@ -608,9 +609,9 @@ def _load_hf(path: Path):
         except Exception as exc:
             raise CheckpointError(f"{cfg_path}: invalid {cls.config_class.__name__}: {_first_line(exc)}") from None
     _check_hf_sizes(cfg_obj, config, cfg_path)
-    layers = _HF_SIZES[cfg_obj["model_type"]][3]
+    layers = _HF_SIZES[cfg_obj["model_type"]].layers
     _check_layer_count(cfg_path, layers, getattr(config, layers), specs, shards[0])
-    sizes, optional_sizes = _HF_SIZES[cfg_obj["model_type"]][:2]
+    sizes, optional_sizes = _HF_SIZES[cfg_obj["model_type"]].required, _HF_SIZES[cfg_obj["model_type"]].optional
     named = ", ".join(f"{k}={getattr(config, k, None)}" for k in sizes + optional_sizes)
     with _hf_quiet():
         meta_model = _meta_model(lambda: cls(config), cfg_path, f" ({named})")

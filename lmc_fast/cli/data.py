@@ -51,10 +51,10 @@ def load_data(spec: str, block_size: int = 64, limit: int | None = None):
 
 
 def _context(model) -> int | None:
-    c = getattr(model, "config", None)
-    # every name a supported config gives its context (Llama, Mistral, Qwen2, NeoX: max_position_embeddings)
-    return (getattr(c, "block_size", None) or getattr(c, "n_positions", None)
-            or getattr(c, "max_position_embeddings", None))
+    """A token model's context, as its adapter reads it from whatever its config calls it (None for images)."""
+    from ..models.adapters import adapter_for
+
+    return adapter_for(model).shape_fields(model).get("context")
 
 
 def _data_spec(args, models) -> str:

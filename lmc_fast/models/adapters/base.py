@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -20,6 +21,17 @@ class UnsupportedModelError(TypeError):
 
 class IncompatibleModelsError(ValueError):
     """Two models that cannot be combined: an architecture field differs."""
+
+
+class ConfigSizes(NamedTuple):
+    """The config.json fields io.py checks before building a Hugging Face model: `required` positive
+    sizes, `optional` ones (absent or None allowed), a (width, heads) pair that must divide, and the
+    field counting the layers (checked against the weight files)."""
+
+    required: tuple
+    optional: tuple
+    divides: tuple
+    layers: str
 
 
 class Adapter:

@@ -7,15 +7,17 @@ logits the library measures), or a sequence classifier's pooler and classifier."
 from __future__ import annotations
 
 from ..arch import Arch
-from .base import Adapter, UnsupportedModelError, _fresh_like, _hf_class, _load, _load_lm_head, _tied
+from .base import (Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _hf_class, _load, _load_lm_head,
+                   _tied)
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 class HFBertAdapter(Adapter):
-    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                     "max_position_embeddings", "type_vocab_size"), (), ("hidden_size", "num_attention_heads"),
-                    "num_hidden_layers")
+    CONFIG_SIZES = ConfigSizes(required=("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                         "intermediate_size", "vocab_size", "max_position_embeddings",
+                                         "type_vocab_size"),
+                               optional=(), divides=("hidden_size", "num_attention_heads"), layers="num_hidden_layers")
     mlp_width_field = "intermediate_size"
     CLASSES = ("BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification")
     # (theirs under bert.encoder.layer.L., ours under blocks.L.)

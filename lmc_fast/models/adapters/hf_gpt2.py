@@ -4,15 +4,14 @@ from __future__ import annotations
 import torch
 
 from ..arch import Arch
-from .base import Adapter, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
+from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
 
 
 class HFGPT2Adapter(Adapter):
     """transformers.GPT2LMHeadModel: Conv1D weights are (in, out); Q, K, V fused in c_attn."""
 
-    # config.json sizes io.py checks before building: (positive sizes, optional sizes, (width, heads), layers)
-    CONFIG_SIZES = (("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"), ("n_inner",), ("n_embd", "n_head"),
-                    "n_layer")
+    CONFIG_SIZES = ConfigSizes(required=("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"),
+                               optional=("n_inner",), divides=("n_embd", "n_head"), layers="n_layer")
 
     mlp_width_field = "n_inner"
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..arch import Arch
-from .base import Adapter, UnsupportedModelError, _fresh_like, _hf_class, _load_lm_head, _tied
+from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _hf_class, _load_lm_head, _tied
 
 
 class HFLlamaAdapter(Adapter):
@@ -14,9 +14,9 @@ class HFLlamaAdapter(Adapter):
     mlp_width_field = "intermediate_size"
     MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
     # one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
-    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                     "max_position_embeddings"), ("num_key_value_heads", "head_dim"),
-                    ("num_attention_heads", "num_key_value_heads"), "num_hidden_layers")
+    CONFIG_SIZES = ConfigSizes(required=("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                         "intermediate_size", "vocab_size", "max_position_embeddings"),
+                               optional=("num_key_value_heads", "head_dim"), divides=("num_attention_heads", "num_key_value_heads"), layers="num_hidden_layers")
     CLASSES = tuple(MODEL_TYPES.values())
     # (theirs under model.layers.L., ours under blocks.L.)
     LAYER_NAMES = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"), ("self_attn.q_proj", "attn.q"),

@@ -7,14 +7,15 @@ from __future__ import annotations
 import torch
 
 from ..arch import Arch
-from .base import Adapter, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
+from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 class HFGPTNeoXAdapter(Adapter):
-    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                     "max_position_embeddings"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers")
+    CONFIG_SIZES = ConfigSizes(required=("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                         "intermediate_size", "vocab_size", "max_position_embeddings"),
+                               optional=(), divides=("hidden_size", "num_attention_heads"), layers="num_hidden_layers")
     mlp_width_field = "intermediate_size"
     # (theirs under gpt_neox.layers.L., ours under blocks.L.), q / k / v apart (fused in query_key_value)
     LAYER_NAMES = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"), ("attention.dense", "attn.o"),

@@ -4,14 +4,15 @@ from __future__ import annotations
 import copy
 
 from ..arch import Arch
-from .base import Adapter, UnsupportedModelError, _load
+from .base import Adapter, ConfigSizes, UnsupportedModelError, _load
 
 
 class HFViTAdapter(Adapter):
     """transformers.ViTForImageClassification: Conv2d patch embedding, (1, 1, d) CLS token."""
 
-    CONFIG_SIZES = (("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "image_size",
-                     "patch_size", "num_channels"), (), ("hidden_size", "num_attention_heads"), "num_hidden_layers")
+    CONFIG_SIZES = ConfigSizes(required=("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                         "intermediate_size", "image_size", "patch_size", "num_channels"),
+                               optional=(), divides=("hidden_size", "num_attention_heads"), layers="num_hidden_layers")
 
     mlp_width_field = "intermediate_size"
 
