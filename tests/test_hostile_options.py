@@ -124,3 +124,29 @@ def test_merge_many_refuses_a_bad_option_before_any_alignment(monkeypatch, case)
     with pytest.raises(ValueError, match=text):
         lf.merge_many(models, **kw)
     assert not calls
+
+
+# (case id, sweep function, keywords, text of the one line)
+SWEEP_BAD = [
+    ("barrier-chunk-fraction", "barrier", dict(chunk=2.5), "chunk must be a whole number"),
+    ("barrier-max-batches-fraction", "barrier", dict(max_batches=1.5), "max_batches must be a whole number"),
+    ("barrier-max-batches-zero", "barrier", dict(max_batches=0), "max_batches must be a whole number"),
+    ("barrier-checkpoint-every-fraction", "barrier", dict(checkpoint_every=0.5, checkpoint="x"),
+     "checkpoint_every must be a whole number"),
+    ("simplex-seed-fraction", "simplex", dict(seed=1.5), "seed must be a whole number"),
+    ("simplex-chunk-bool", "simplex", dict(chunk=True), "chunk must be a whole number"),
+]
+
+
+@pytest.mark.parametrize("case", SWEEP_BAD, ids=[c[0] for c in SWEEP_BAD])
+def test_sweeps_refuse_a_bad_count(tmp_path, monkeypatch, case):
+    _, fn, kw, text = case
+    monkeypatch.chdir(tmp_path)
+    a, b = make_model("vit", seed=1), make_model("vit", seed=2)
+    data = [(make_inputs("vit", seed=1, batch=4), torch.zeros(4, dtype=torch.long))]
+    with pytest.raises(ValueError, match=text):
+        if fn == "barrier":
+            lf.barrier(a, b, data, 3, **kw)
+        else:
+            lf.simplex([a, b], data, n=2, **kw)
+    assert not list(tmp_path.iterdir())

@@ -17,6 +17,7 @@ All options live in `EvalOptions`, so every caller gets every one (TF32, the ker
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,6 +51,14 @@ class EvalOptions:
     checkpoint: object = None  # a folder (str | Path): each block of mixtures records its sums there and a
     #                            re-run resumes from them (resume.py; the batched engine only)
     checkpoint_every: int = 16  # batches between two records of a block (and one at its end)
+
+    def __post_init__(self):  # the counts, checked once here for every engine and caller
+        for name, none in (("chunk", False), ("max_batches", True), ("checkpoint_every", False)):
+            value = getattr(self, name)
+            if none and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1{' or None' if none else ''}, got {value!r}")
 
     def replace(self, **changes) -> "EvalOptions":
         return replace(self, **changes)

@@ -53,6 +53,8 @@ def simplex(models, data, n: int = 16, alpha: float = 1.0, *, seed: int = 0, spa
     if len(models) < 2:
         raise ValueError("simplex needs at least two models")
     alpha, n = check_alpha(alpha), check_samples(n)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
     name = public_engine(engine)
     t0 = time.perf_counter()
     data = reiterable(data)
