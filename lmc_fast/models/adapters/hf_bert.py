@@ -59,7 +59,8 @@ class HFBertAdapter(Adapter):
             raise UnsupportedModelError(f"{kind} position_embedding_type={positions!r} is not supported "
                                         "(only 'absolute')")
         masked = kind != "BertForSequenceClassification"
-        if not masked and (c.num_labels < 2 or getattr(c, "problem_type", None) not in (None, "single_label_classification")):
+        single_label = getattr(c, "problem_type", None) in (None, "single_label_classification")
+        if not masked and (c.num_labels < 2 or not single_label):
             raise UnsupportedModelError(f"{kind} with num_labels={c.num_labels}, problem_type={c.problem_type!r}: "
                                         "only single-label classification (num_labels >= 2) is supported")
         return Arch.bert(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size,
@@ -122,7 +123,8 @@ class HFBertAdapter(Adapter):
         sd["cls.predictions.bias"] = params["lm_head.bias"]
         if self._nsp(template):
             for t in ("weight", "bias"):
-                sd[f"bert.pooler.dense.{t}"], sd[f"cls.seq_relationship.{t}"] = params[f"pooler.{t}"], params[f"nsp.{t}"]
+                sd[f"bert.pooler.dense.{t}"] = params[f"pooler.{t}"]
+                sd[f"cls.seq_relationship.{t}"] = params[f"nsp.{t}"]
         if "cls.predictions.decoder.bias" in model.state_dict():  # the same bias, tied in the module
             sd["cls.predictions.decoder.bias"] = params["lm_head.bias"]
         return _load_lm_head(model, sd, params, tie, head_key="cls.predictions.decoder.weight")

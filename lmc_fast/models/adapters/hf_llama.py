@@ -16,7 +16,8 @@ class HFLlamaAdapter(Adapter):
     # one set of size fields; (heads, kv heads) is the divisibility grouped-query attention needs
     CONFIG_SIZES = ConfigSizes(required=("num_hidden_layers", "hidden_size", "num_attention_heads",
                                          "intermediate_size", "vocab_size", "max_position_embeddings"),
-                               optional=("num_key_value_heads", "head_dim"), divides=("num_attention_heads", "num_key_value_heads"), layers="num_hidden_layers")
+                               optional=("num_key_value_heads", "head_dim"),
+                               divides=("num_attention_heads", "num_key_value_heads"), layers="num_hidden_layers")
     CLASSES = tuple(MODEL_TYPES.values())
     # (theirs under model.layers.L., ours under blocks.L.)
     LAYER_NAMES = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"), ("self_attn.q_proj", "attn.q"),

@@ -101,7 +101,8 @@ class HFGPTNeoXAdapter(Adapter):
                 if b + f"attn.q.{t}" in params:
                     parts = [params[b + f"attn.{n}.{t}"].reshape(H, 1, d // H, *params[b + f"attn.{n}.{t}"].shape[1:])
                              for n in "qkv"]
-                    sd[h + f"attention.query_key_value.{t}"] = torch.cat(parts, dim=1).reshape(3 * d, *parts[0].shape[3:])
+                    fused = torch.cat(parts, dim=1)  # (H, 3, d_h, ...): rows per head [q_h; k_h; v_h]
+                    sd[h + f"attention.query_key_value.{t}"] = fused.reshape(3 * d, *parts[0].shape[3:])
                 for theirs, ours in self.LAYER_NAMES:
                     if b + f"{ours}.{t}" in params:
                         sd[h + f"{theirs}.{t}"] = params[b + f"{ours}.{t}"]
