@@ -98,31 +98,39 @@ class Runner:
         self.spec, self.out, self.group, self.resume, self.log = spec, out, group, resume, log
         self.paths = model_paths(spec, out)
         self.models = ModelCache(self.paths, group.device)
-        self._train_ds = self._test_ds = None
+        self._train_ds = self._test_ds = self._task_ds = None
         self._eval = self._match = None
 
     # ---- data: the datasets once, the batches on first use (a grid of finished units never makes them)
     def datasets(self):
+        """The spec's (train, test) datasets as loaded: read before any model exists (a recipe's are
+        trained after), so a bad data.spec fails first."""
         if self._train_ds is None:
+            self._train_ds, self._test_ds = _data(self.spec)
+        return self._train_ds, self._test_ds
+
+    def task_datasets(self):
+        """The datasets as the models read them (masked-token models: masked blocks); needs the first model."""
+        if self._task_ds is None:
             from ..data.masked import for_task
             from ..models.adapters import adapter_for
             from ..sweep.metrics import task_of
 
             model = self.models.get(0)
-            task = task_of(adapter_for(model).arch(model))  # masked-token models read masked blocks
-            self._train_ds, self._test_ds = (for_task(ds, task) for ds in _data(self.spec))
-        return self._train_ds, self._test_ds
+            task = task_of(adapter_for(model).arch(model))
+            self._task_ds = tuple(for_task(ds, task) for ds in self.datasets())
+        return self._task_ds
 
     def eval_batches(self) -> list:
         if self._eval is None:
-            train_ds, test_ds = self.datasets()
+            train_ds, test_ds = self.task_datasets()
             ds = test_ds if self.spec.split == "test" else train_ds
             self._eval = _batches(ds, self.spec.batch_size, False, self.spec.max_batches, self.group.device)
         return self._eval
 
     def match_batches(self) -> list:
         if self._match is None:
-            train_ds, _ = self.datasets()
+            train_ds, _ = self.task_datasets()
             self._match = _batches(train_ds, self.spec.match_batch_size, True, self.spec.match_max_batches,
                                    self.group.device)
         return self._match
