@@ -380,3 +380,52 @@ def test_a_multiberts_style_folder_loads_aligns_and_exports(tmp_path):
     save_model(aligned, tmp_path / "aligned")
     again = load_model(tmp_path / "aligned")
     assert rel_err(logits(again, x), logits(aligned, x)) < 1e-6
+
+
+# ---------------------------------------------------------------- RoBERTa
+def hf_roberta(cls="RobertaForMaskedLM", seed=0, **overrides):
+    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=T + 2, num_labels=3, type_vocab_size=1)  # pad id 1: positions from row 2
+    base.update(overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        model = getattr(transformers, cls)(transformers.RobertaConfig(**base))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            p.copy_((1 + noise) if "LayerNorm.weight" in name or "layer_norm.weight" in name else noise)
+    return model.double().eval()
+
+
+def roberta_ids(seed=0, batch=3):
+    x = ids(seed, batch)
+    return torch.where(x == 1, torch.full_like(x, 2), x)  # never the padding id
+
+
+@pytest.mark.parametrize("cls", ["RobertaForMaskedLM", "RobertaForSequenceClassification"])
+def test_hugging_face_roberta_equals_the_functional_forward_and_rebuilds_exactly(cls):
+    m = hf_roberta(cls)
+    arch, p = standard_params(m)
+    assert (arch.position_offset, arch.reserved_token) == (2, 1)
+    x = roberta_ids()
+    assert (functional_logits(arch, p, x) - m(input_ids=x).logits).abs().max() < 1e-10
+    back = adapter_for(m).build(m, p)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), back.state_dict().values()))
+    truth = Alignment.random(canonical_spec(arch), seed=2)
+    moved = truth.apply(m)
+    assert (moved(input_ids=x).logits - m(input_ids=x).logits).abs().max() < 1e-10
+
+
+def test_roberta_inputs_holding_the_padding_id_are_refused_in_one_line():
+    """HF gives a padding token another position (and shifts none of the others): not the function the
+    library computes, so such inputs are refused, naming the id."""
+    a, b = hf_roberta(seed=1), hf_roberta(seed=2)
+    x = roberta_ids()
+    x[0, 3] = 1
+    with pytest.raises(ValueError, match="token id 1 is the model's padding id") as err:
+        lf.barrier(a, b, [(x, x)], 3)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UnsupportedModelError, match="its masked-LM head uses 'gelu'"):
+        standard_params(hf_roberta(hidden_act="gelu_new"))

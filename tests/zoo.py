@@ -14,8 +14,11 @@ import lmc_fast as lf
 #: attention biases (hf_neox_seq)
 #: and BERT (post-norm: the residual symmetry is a permutation) as a masked LM (bert, hf_bert) and a sequence
 #: classifier (hf_bert_cls)
+#: and RoBERTa's masked LM (positions after its padding id, which inputs never hold)
 KINDS = ("vit", "gpt2", "hf_gpt2", "hf_vit", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "hf_neox_seq",
-         "bert", "hf_bert", "hf_bert_cls")
+         "bert", "hf_bert", "hf_bert_cls", "hf_roberta")
+#: RoBERTa's padding id in the zoo: the last id, which make_inputs never draws
+ROBERTA_PAD = 36
 #: Hugging Face's RMSNorm and rotary tables compute in float32 even in a float64 model: their logits move
 #: ~1e-7 under an exact symmetry, so equalities there hold to 1e-5, not to float64 rounding
 HF_FP32_INSIDE = ("hf_llama", "hf_qwen2")
@@ -93,6 +96,15 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
             warnings.simplefilter("ignore")
             cls = transformers.BertForMaskedLM if kind == "hf_bert" else transformers.BertForSequenceClassification
             m = cls(cfg)
+    elif kind == "hf_roberta":
+        import transformers
+
+        cfg = transformers.RobertaConfig(num_hidden_layers=n_layer, hidden_size=d, num_attention_heads=n_head,
+                                         intermediate_size=d_mlp, vocab_size=vocab, pad_token_id=ROBERTA_PAD,
+                                         max_position_embeddings=ROBERTA_PAD + 1 + block, type_vocab_size=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = transformers.RobertaForMaskedLM(cfg)
     elif kind == "hf_vit":
         import transformers
 
@@ -109,7 +121,8 @@ def make_inputs(kind: str, seed: int = 0, dtype=torch.float64, batch=3, vocab=37
     gen = torch.Generator().manual_seed(seed + 7)
     if kind in ("vit", "hf_vit"):
         return torch.randn(batch, 3, 8, 8, generator=gen, dtype=dtype)
-    return torch.randint(0, vocab, (batch, block), generator=gen)
+    high = ROBERTA_PAD if kind == "hf_roberta" else vocab  # RoBERTa's inputs never hold its padding id
+    return torch.randint(0, high, (batch, block), generator=gen)
 
 
 #: token models that classify sequences (targets: one class of 3 per sequence, not token ids)

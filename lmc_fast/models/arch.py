@@ -88,6 +88,10 @@ class Arch:
     # scale_attn_by_inverse_layer_idx, which Stanford CRFM's GPT-2 seed suites use)
     scale_attn: bool = True
     scale_by_layer: bool = False
+    # learned positions from row position_offset of pos_embed on (RoBERTa: its padding id + 1); a token id the
+    # inputs must not hold (RoBERTa's padding id, whose positions its model computes apart)
+    position_offset: int = 0
+    reserved_token: int | None = None
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -220,6 +224,10 @@ class Arch:
         eps = d["eps"]
         if type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"arch eps is {eps!r}: must be a number in (0, 1)")
+        for key in ("position_offset", "reserved_token"):
+            v = d.get(key)
+            if v is not None and (type(v) is not int or not 0 <= v <= MAX_SIZE):
+                raise ValueError(f"arch {key} is {v!r}: must be an integer in [0, {MAX_SIZE}]")
         types = d.get("token_types", 0)
         if type(types) is not int or not 0 <= types <= MAX_SIZE:
             raise ValueError(f"arch token_types is {types!r}: must be an integer in [0, {MAX_SIZE}]")
@@ -248,6 +256,8 @@ class Arch:
             raise ValueError(f"arch rotary_dim {self.rotary_dim} must be even and in [2, head_dim {self.head_dim}]")
         if self.post_norm and (self.norm != "layernorm" or self.inputs != "tokens"):
             raise ValueError("arch residual 'post' is supported for LayerNorm token models only")
+        if self.position_offset and self.positions != "learned":
+            raise ValueError(f"arch position_offset {self.position_offset} needs learned positions")
         if self.pooler and self.pooling != "cls" and not self.head_transform:
             raise ValueError("arch pooler needs pooling 'cls' (a classifier) or a masked-LM head (next-sentence head)")
         if not self.rotary and self.rotary_dim:

@@ -78,7 +78,8 @@ def embed_sum(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     T = inputs.shape[1]
     h = p["tok_embed.weight"][:, inputs]  # (K, B, T, d)
     if arch.positions == "learned":
-        h = h + p["pos_embed"][:, None, :T]
+        off = arch.position_offset  # RoBERTa's positions start after its padding id
+        h = h + p["pos_embed"][:, None, off:off + T]
     if arch.token_types:  # one segment: every token has type 0
         h = h + p["type_embed"][:, None, None, 0]
     return h

@@ -45,6 +45,7 @@ class InputSpec:
     image_shape: tuple[int, int, int] | None = None
     patch_features: int | None = None
     n_patches: int | None = None
+    reserved_token: int | None = None  # a token id the inputs must not hold (RoBERTa's padding id)
 
 
 def spec_from_params(arch, params: dict) -> InputSpec:
@@ -52,7 +53,9 @@ def spec_from_params(arch, params: dict) -> InputSpec:
     n_out = params[arch.head_name + ".weight"].shape[-2]
     pos = params["pos_embed"].shape[-2] if "pos_embed" in params else None
     if arch.inputs == "tokens":
-        return InputSpec("tokens", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=pos)
+        block = None if pos is None else pos - arch.position_offset
+        return InputSpec("tokens", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=block,
+                         reserved_token=arch.reserved_token)
     return InputSpec("patches", n_out, patch_features=params["patch_embed.weight"].shape[-1], n_patches=pos - 1)
 
 
@@ -69,7 +72,7 @@ def spec_from_model(model) -> InputSpec:
     if arch.inputs == "tokens":
         block = adapter.shape_fields(model)["context"]
         n_out = adapter.shape_fields(model).get("num_classes", c.vocab_size)  # sequence classifiers
-        return InputSpec("tokens", n_out, vocab=c.vocab_size, block_size=block)
+        return InputSpec("tokens", n_out, vocab=c.vocab_size, block_size=block, reserved_token=arch.reserved_token)
     channels = getattr(c, "channels", None) or c.num_channels
     n_out = getattr(c, "num_classes", None) or c.num_labels
     return InputSpec("patches", n_out, image_shape=(channels, *_square(c.image_size)))
@@ -126,6 +129,9 @@ def check_token_ids(spec: InputSpec, x: torch.Tensor) -> None:
         bad = lo if lo < 0 else hi
         if lo < 0 or hi >= spec.vocab:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {spec.vocab}) (vocab_size={spec.vocab})")
+        if spec.reserved_token is not None and bool((x == spec.reserved_token).any()):
+            raise ValueError(f"token id {spec.reserved_token} is the model's padding id, whose positions it computes "
+                             "apart (RoBERTa): inputs must not hold it")
 
 
 def check_targets(spec: InputSpec, y: torch.Tensor) -> None:

@@ -15,7 +15,7 @@ from ..llama import Llama, LlamaConfig
 from ..neox import NeoX, NeoXConfig
 from ..vit import ViT, ViTConfig
 from .base import Adapter, IncompatibleModelsError, UnsupportedModelError, _hf_class
-from .hf_bert import HFBertAdapter
+from .hf_bert import HFBertAdapter, HFRobertaAdapter
 from .hf_gpt2 import HFGPT2Adapter
 from .hf_llama import HFLlamaAdapter
 from .hf_neox import HFGPTNeoXAdapter
@@ -32,7 +32,9 @@ REFERENCE = {"vit": (ViT, ViTConfig, RefViTAdapter), "gpt2": (GPT2, GPT2Config, 
 #: Hugging Face config.json model_type -> (transformers class names, adapter); a folder loads as the first
 #: class unless its config's "architectures" names another of them
 HUGGING_FACE = {"gpt2": (("GPT2LMHeadModel",), HFGPT2Adapter), "vit": (("ViTForImageClassification",), HFViTAdapter),
-                "gpt_neox": (("GPTNeoXForCausalLM",), HFGPTNeoXAdapter), "bert": (HFBertAdapter.CLASSES, HFBertAdapter),
+                "gpt_neox": (("GPTNeoXForCausalLM",), HFGPTNeoXAdapter),
+                "bert": (tuple(HFBertAdapter.CLASSES), HFBertAdapter),
+                "roberta": (tuple(HFRobertaAdapter.CLASSES), HFRobertaAdapter),
                 **{t: ((name,), HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}
 
 
