@@ -98,7 +98,7 @@ def test_cli_glue_parses_validates_and_runs(tmp_path, monkeypatch, capsys):
     parser, sub = _parser()
     text = sub.format_help()
     assert "(default: 0 50 100 200)" in text and "(default: 2)" in text and "(default: none weight)" in text
-    for bad in (["--copies", "1"], ["--spawn-steps", "-1"], ["--model", "bert"], ["--steps", "0"]):
+    for bad in (["--copies", "1"], ["--spawn-steps", "-1"], ["--model", "t5"], ["--steps", "0"]):
         with pytest.raises(SystemExit):
             parser.parse_args(["instability", *bad])
     assert "--copies: must be an integer >= 2" in capsys.readouterr().err.replace("argument ", "")
