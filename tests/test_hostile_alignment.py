@@ -129,7 +129,7 @@ def _corrupted(make_spec, group, key, corrupt):
 def test_corrupt_element_is_refused_on_load(tmp_path, case):
     _, make_spec, group, key, corrupt, text = case
     path = tmp_path / "al.safetensors"
-    _corrupted(make_spec, group, key, corrupt).save(path)
+    _corrupted(make_spec, group, key, corrupt)._write(path)  # a file damaged after it was written
     with pytest.raises(InvalidAlignmentError) as err:
         Alignment.load(path)
     msg = str(err.value)
@@ -350,3 +350,28 @@ def test_sweeps_compare_every_config_field(entry):
             "simplex": lambda: lf.simplex([a, b], data, n=2)}[entry]
     with pytest.raises(ValueError, match=r"models\[1\] does not fit: eps is 1e-06, models\[0\] has 1e-05"):
         call()
+
+
+def test_save_refuses_an_alignment_load_would_refuse(tmp_path):
+    """An element off its group (a tampered one) is refused before writing: no file that load rejects."""
+    m = tiny_gpt2()
+    al = Alignment.random(canonical_spec(standard_params(m)[0]), seed=1)
+    al.elements["mlp.0"]["perm"][0] = al.elements["mlp.0"]["perm"][1]  # not a bijection any more
+    with pytest.raises(InvalidAlignmentError, match="not a bijection"):
+        al.save(tmp_path / "bad.safetensors")
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_an_alignment_in_a_folder_whose_name_is_not_utf8_loads(tmp_path):
+    import os
+
+    m = tiny_gpt2()
+    al = Alignment.random(canonical_spec(standard_params(m)[0]), seed=2)
+    good = tmp_path / "a.safetensors"
+    al.save(good)
+    folder = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    os.mkdir(folder)
+    target = os.path.join(folder, b"a.safetensors")
+    os.rename(os.fsencode(good), target)
+    back = Alignment.load(os.fsdecode(target))
+    assert all(torch.equal(back.elements[n][k], v) for n, el in al.elements.items() for k, v in el.items())

@@ -134,7 +134,13 @@ class Alignment:
 
     # -------------------------------------------------------------- files
     def save(self, path: str | os.PathLike):
-        """safetensors file with a JSON header; written atomically (no half-written file)."""
+        """safetensors file with a JSON header; written atomically (no half-written file). An element that
+        is not a group member is refused before anything is written: `load` would refuse the file."""
+        self.validate()
+        self._write(path)
+
+    def _write(self, path) -> None:
+        """The file as it is, unchecked (tests write damaged files with it, as a disk would leave them)."""
         from safetensors.torch import save_file
 
         from ..atomic import atomic_file
@@ -182,7 +188,9 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 def _read_safetensors(path: str) -> tuple[dict, dict]:
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as f:
+    from ..paths import utf8_name
+
+    with utf8_name(path) as name, safe_open(name, framework="pt") as f:  # safetensors takes UTF-8 names only
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     return meta, tensors
