@@ -18,7 +18,7 @@ from lmc_fast.sweep.metrics import flat_logits_targets, task_of
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec, permutation_spec
 from lmc_fast.symmetry import elements as E
 from lmc_fast.symmetry.maps import centred_orthogonal, random_orthogonal
-from zoo import logits, make_inputs, make_model, rel_err
+from zoo import lerp_kernel_matches_batched, logits, make_inputs, make_model, rel_err
 
 transformers = pytest.importorskip("transformers")
 
@@ -312,39 +312,24 @@ def test_cli_trains_a_bert_on_masked_text_and_sweeps_it(tmp_path, capsys):
     assert record["examples"] < 16 * 5
 
 
-def _lerp_kernel_matches_batched(device: str, rel: float):
-    from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
-    from lmc_fast.sweep.interpolate import models_params
 
+def _lerp_pair_and_batch():
     torch.manual_seed(0)
-    a, b = (lf.models.Bert(lf.models.BertConfig(n_layer=2, d_model=32, n_head=4, d_mlp=48, vocab_size=64, block_size=16)).eval().to(device) for _ in range(2))
-    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-    kept = torch.rand(2, 16, generator=torch.Generator().manual_seed(2)) < 0.3  # the masked positions
-    y = torch.where(kept.to(device), x, torch.full_like(x, -100))
-    arch, params = models_params([a, b], "raw")
-    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
-    batched = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device))
-    kernel = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device, kernel=True))
-    for r, k in zip(batched, kernel):
-        assert k["loss"] == pytest.approx(r["loss"], rel=rel)
+    cfg = BertConfig(n_layer=2, d_model=32, n_head=4, d_mlp=48, vocab_size=64, block_size=16)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    masked = torch.rand(2, 16, generator=torch.Generator().manual_seed(2)) < 0.3  # the positions with targets
+    return [Bert(cfg) for _ in range(2)], (x, torch.where(masked, x, -100))
 
 
 def test_lerp_kernel_engine_runs_the_one_forward_on_a_bert():
-    """The Triton path (post-norm blocks, the embedding norm (mixed after the embeddings) and the masked-LM transform) gives the batched engine's numbers (CPU interpreter here)."""
-    from lmc_fast.kernels.lerp_matmul import triton_available
-
-    if not triton_available("cpu"):
-        pytest.skip("the Triton interpreter (TRITON_INTERPRET=1) is not on")
-    _lerp_kernel_matches_batched("cpu", 1e-4)
+    """The Triton path (post-norm blocks, the embedding norm mixed after the embeddings, the masked-LM
+    transform) gives the batched engine's numbers (CPU interpreter here)."""
+    lerp_kernel_matches_batched(*_lerp_pair_and_batch(), "cpu", 1e-4)
 
 
 @pytest.mark.gpu
 def test_lerp_kernel_engine_on_cuda_bert():
-    from lmc_fast.kernels.lerp_matmul import triton_available
-
-    if not triton_available("cuda"):
-        pytest.skip("Triton CUDA path unavailable (TRITON_INTERPRET set?)")
-    _lerp_kernel_matches_batched("cuda", 1e-3)
+    lerp_kernel_matches_batched(*_lerp_pair_and_batch(), "cuda", 1e-3)
 
 
 def test_a_multiberts_style_folder_loads_aligns_and_exports(tmp_path):

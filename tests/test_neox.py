@@ -18,7 +18,7 @@ from lmc_fast.models import functional as Fn
 from lmc_fast.models.adapters import HFGPTNeoXAdapter, UnsupportedModelError, adapter_for, standard_params
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec
 from lmc_fast.symmetry import elements as E
-from zoo import logits, make_inputs, make_model, rel_err
+from zoo import lerp_kernel_matches_batched, logits, make_inputs, make_model, rel_err
 
 transformers = pytest.importorskip("transformers")
 
@@ -205,7 +205,8 @@ def _write_hub_folder(path, config: dict, seed: int = 0, shards: int = 2):
             for ln in ("input_layernorm", "post_attention_layernorm"):
                 tensors[h + ln + ".weight"] = (1 + rand(d).float()).half()
                 tensors[h + ln + ".bias"] = rand(d)
-            tensors[h + "attention.query_key_value.weight"], tensors[h + "attention.query_key_value.bias"] = rand(3 * d, d), rand(3 * d)
+            tensors[h + "attention.query_key_value.weight"] = rand(3 * d, d)
+            tensors[h + "attention.query_key_value.bias"] = rand(3 * d)
             tensors[h + "attention.dense.weight"], tensors[h + "attention.dense.bias"] = rand(d, d), rand(d)
             tensors[h + "mlp.dense_h_to_4h.weight"], tensors[h + "mlp.dense_h_to_4h.bias"] = rand(f, d), rand(f)
             tensors[h + "mlp.dense_4h_to_h.weight"], tensors[h + "mlp.dense_4h_to_h.bias"] = rand(d, f), rand(d)
@@ -314,35 +315,20 @@ def test_cli_trains_aligns_and_sweeps_a_neox_on_text(tmp_path, capsys):
     assert (tmp_path / "r.json").is_file()
 
 
-def _lerp_kernel_matches_batched(device: str, rel: float):
-    from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
-    from lmc_fast.sweep.interpolate import models_params
 
+def _lerp_pair_and_batch():
     torch.manual_seed(0)
-    a, b = (lf.models.NeoX(lf.models.NeoXConfig(n_layer=2, d_model=32, n_head=4, d_mlp=48, vocab_size=64, block_size=16, rotary_pct=0.5)).eval().to(device) for _ in range(2))
-    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-    y = x
-    arch, params = models_params([a, b], "raw")
-    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
-    batched = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device))
-    kernel = evaluate_mixtures(arch, params, W, [(x, y)], EvalOptions(device=device, kernel=True))
-    for r, k in zip(batched, kernel):
-        assert k["loss"] == pytest.approx(r["loss"], rel=rel)
+    cfg = NeoXConfig(n_layer=2, d_model=32, n_head=4, d_mlp=48, vocab_size=64, block_size=16, rotary_pct=0.5)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    return [NeoX(cfg) for _ in range(2)], (x, x)
 
 
 def test_lerp_kernel_engine_runs_the_one_forward_on_a_neox():
-    """The Triton path (parallel blocks and partial rotary positions) gives the batched engine's numbers (CPU interpreter here)."""
-    from lmc_fast.kernels.lerp_matmul import triton_available
-
-    if not triton_available("cpu"):
-        pytest.skip("the Triton interpreter (TRITON_INTERPRET=1) is not on")
-    _lerp_kernel_matches_batched("cpu", 1e-4)
+    """The Triton path (parallel blocks and partial rotary positions) gives the batched engine's numbers (CPU
+    interpreter here)."""
+    lerp_kernel_matches_batched(*_lerp_pair_and_batch(), "cpu", 1e-4)
 
 
 @pytest.mark.gpu
 def test_lerp_kernel_engine_on_cuda_neox():
-    from lmc_fast.kernels.lerp_matmul import triton_available
-
-    if not triton_available("cuda"):
-        pytest.skip("Triton CUDA path unavailable (TRITON_INTERPRET set?)")
-    _lerp_kernel_matches_batched("cuda", 1e-3)
+    lerp_kernel_matches_batched(*_lerp_pair_and_batch(), "cuda", 1e-3)

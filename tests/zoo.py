@@ -70,8 +70,8 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
                 m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=1,
                                                                            tie_word_embeddings=False, **common))
     elif kind == "neox":
-        m = lf.models.NeoX(lf.models.NeoXConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp, vocab_size=vocab,
-                                                block_size=block))
+        m = lf.models.NeoX(lf.models.NeoXConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp,
+                                                vocab_size=vocab, block_size=block))
     elif kind in ("hf_neox", "hf_neox_seq"):
         import transformers
 
@@ -84,8 +84,8 @@ def make_model(kind: str, seed: int = 0, dtype=torch.float64, *, n_layer=2, d=32
             warnings.simplefilter("ignore")
             m = transformers.GPTNeoXForCausalLM(cfg)
     elif kind == "bert":
-        m = lf.models.Bert(lf.models.BertConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp, vocab_size=vocab,
-                                                block_size=block))
+        m = lf.models.Bert(lf.models.BertConfig(n_layer=n_layer, d_model=d, n_head=n_head, d_mlp=d_mlp,
+                                                vocab_size=vocab, block_size=block))
     elif kind in ("hf_bert", "hf_bert_cls"):
         import transformers
 
@@ -163,3 +163,23 @@ def have_shakespeare() -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def lerp_kernel_matches_batched(models, batch, device: str, rel: float) -> None:
+    """The Triton lerp-kernel engine gives the batched engine's losses on two models and one batch, at
+    three points of the path (skips where that device's Triton path is not available)."""
+    import pytest
+
+    from lmc_fast.kernels.lerp_matmul import triton_available
+    from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
+    from lmc_fast.sweep.interpolate import models_params
+
+    if not triton_available(device):
+        pytest.skip(f"the Triton {device} path is not available (TRITON_INTERPRET set for CUDA, unset for the CPU)")
+    arch, params = models_params([m.eval().to(device) for m in models], "raw")
+    W = [[1 - l, l] for l in (0.0, 0.3, 1.0)]
+    batch = [t.to(device) for t in batch]
+    batched = evaluate_mixtures(arch, params, W, [batch], EvalOptions(device=device))
+    kernel = evaluate_mixtures(arch, params, W, [batch], EvalOptions(device=device, kernel=True))
+    for r, k in zip(batched, kernel):
+        assert k["loss"] == pytest.approx(r["loss"], rel=rel)
