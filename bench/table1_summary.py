@@ -90,6 +90,8 @@ def markdown(table: dict) -> str:
               "median [min, max] over 3 groups:", "",
               "| setting | " + " | ".join(simplex_cols) + " |", "|---|" + "---:|" * len(simplex_cols)]
     for name, t in table.items():
+        if not t["simplex"]:  # a grid without simplex groups has no row here
+            continue
         cells = [_cell(t["simplex"].get(c, {}).get("centroid_excess")) for c in simplex_cols]
         lines.append(f"| {SETTINGS[name][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
