@@ -221,3 +221,23 @@ def _numbers(obj):
     if isinstance(obj, list):
         return [_numbers(v) for v in obj]
     return obj
+
+
+@pytest.mark.parametrize("foreign", ["model", "notes"])
+def test_a_recipe_model_folder_holding_something_else_is_refused_before_training(tmp_path, foreign):
+    """OUT/models/seedN holds a model the grid did not train (no recipe metadata) or other files: refused
+    in one line before anything is trained or written, and left as it was."""
+    spec = {"models": {"recipe": "vit-digits", "seeds": [0, 1], "steps": 2},
+            "data": {"max_batches": 1}, "grid": {"methods": ["none"], "lambdas": 2}}
+    out = tmp_path / "g"
+    seed1 = out / "models" / "seed1"
+    if foreign == "model":
+        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), seed1, metadata={"mine": 1})
+    else:
+        seed1.mkdir(parents=True)
+        (seed1 / "notes.txt").write_text("keep me")
+    before = {p: p.read_bytes() for p in seed1.iterdir()}
+    with pytest.raises(ValueError, match="holds something a grid did not train"):
+        grid.run(spec, out, quiet=True)
+    assert {p: p.read_bytes() for p in seed1.iterdir()} == before
+    assert not (out / "models" / "seed0").exists()  # nothing trained before the refusal

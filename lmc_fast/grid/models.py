@@ -23,17 +23,38 @@ def _wanted_meta(spec: GridSpec, seed: int) -> dict:
     return {"recipe": spec.recipe, "seed": seed, "train_settings": dict(sorted(spec.train.items()))}
 
 
-def _is_cached(path: Path, wanted: dict) -> bool:
+def _grid_metadata(path: Path) -> dict | None:
+    """The metadata of the checkpoint a grid trained at `path`, {} when nothing is there, None when the path
+    holds something else (a foreign model, other files, a damaged checkpoint): never trained over."""
     from ..errors import CheckpointError
     from ..io import load_model
 
-    if not path.exists():
-        return False
+    if not path.exists() and not path.is_symlink():
+        return {}
+    if path.is_dir() and not any(path.iterdir()):
+        return {}
     try:
         meta = getattr(load_model(path), "lmc_fast_metadata", {}) or {}
     except (CheckpointError, OSError, ValueError):
-        return False  # a partial or foreign folder: trained again (save_model replaces our files only)
-    return all(meta.get(k) == v for k, v in wanted.items())
+        return None
+    return meta if {"recipe", "seed", "train_settings"} <= set(meta) else None
+
+
+def _is_cached(path: Path, wanted: dict) -> bool:
+    meta = _grid_metadata(path)
+    return bool(meta) and all(meta.get(k) == v for k, v in wanted.items())
+
+
+def check_model_folders(spec: GridSpec, out: Path) -> None:
+    """Before any training: every OUT/models/seedN is free or holds a checkpoint a grid trained (replaced
+    when its recipe, seed or settings differ); anything else there is refused in one line."""
+    if not spec.recipe:
+        return
+    for seed in spec.seeds:
+        path = out / "models" / f"seed{seed}"
+        if _grid_metadata(path) is None:
+            raise ValueError(f"{path} holds something a grid did not train (not a recipe checkpoint with its "
+                             "seed and settings); move it or choose another --out")
 
 
 def train_recipe_models(spec: GridSpec, out: Path, group: Group, log) -> None:
@@ -44,6 +65,7 @@ def train_recipe_models(spec: GridSpec, out: Path, group: Group, log) -> None:
     from ..recipes import recipe
     from ..train import train
 
+    check_model_folders(spec, out)
     r = recipe(spec.recipe, **spec.train)
     for n, seed in enumerate(spec.seeds):
         path = out / "models" / f"seed{seed}"
@@ -84,4 +106,4 @@ class ModelCache:
         return [model_fingerprint(self.get(i)) for i in range(len(self.paths))]
 
 
-__all__ = ["ModelCache", "model_paths", "train_recipe_models"]
+__all__ = ["ModelCache", "check_model_folders", "model_paths", "train_recipe_models"]

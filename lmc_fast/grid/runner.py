@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..match.methods import REGISTRY
 from .dist import Group, process_group
-from .models import ModelCache, model_paths, train_recipe_models
+from .models import ModelCache, check_model_folders, model_paths, train_recipe_models
 from .spec import GridSpec, load_spec, parse_spec
 from .units import Unit, make_units, my_units
 
@@ -320,7 +320,8 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
     """Before any work, one line (ValueError) when the grid would write over something it must
     not: an input (the spec file, the [data] file or folder, a model) that is one of its outputs,
     inside a folder it owns or holding the output folder; a file at one of its report names that
-    a grid did not write; an output folder that is a file."""
+    a grid did not write; an output folder that is a file; a recipe's model folder holding something a grid
+    did not train."""
     from ..cli.data import data_paths
     from .report import REPORT_FILES, foreign_report_file
 
@@ -357,6 +358,7 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
         if foreign_report_file(out / name):
             raise ValueError(f"{out / name}: exists and was not written by a grid; not overwriting it "
                              f"(move it, or choose another --out)")
+    check_model_folders(spec, out)  # a recipe's checkpoints are written into OUT/models/seedN
 
 
 def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profile=None, inputs=()) -> dict:
