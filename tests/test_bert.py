@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import lmc_fast as lf
-from lmc_fast.match.learned import exact_alignment, learn_alignments
 from lmc_fast.models import Bert, BertConfig
 from lmc_fast.models import functional as Fn
 from lmc_fast.models.adapters import HFBertAdapter, UnsupportedModelError, adapter_for, standard_params
@@ -18,27 +17,31 @@ from lmc_fast.sweep.metrics import flat_logits_targets, task_of
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec, permutation_spec
 from lmc_fast.symmetry import elements as E
 from lmc_fast.symmetry.maps import centred_orthogonal, random_orthogonal
-from zoo import lerp_kernel_matches_batched, logits, make_inputs, make_model, rel_err
+from zoo import learned_lowers_a_planted_barrier, lerp_kernel_matches_batched, logits, make_inputs, make_model, rel_err
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB, T = 41, 12
 
 
-def hf_bert(cls="BertForMaskedLM", seed=0, **overrides):
-    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=16, num_labels=3)
-    base.update(overrides)
+def _hf_encoder(config_cls: str, cls: str, seed: int, base: dict, overrides: dict):
+    """A Hugging Face BERT-family model in float64 with random weights, norms and biases included."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
-        model = getattr(transformers, cls)(transformers.BertConfig(**base))
+        model = getattr(transformers, cls)(getattr(transformers, config_cls)(**{**base, **overrides}))
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # random norms and biases too
+    with torch.no_grad():  # HF starts norms at one and biases at zero
         for name, p in model.named_parameters():
             noise = 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            p.copy_((1 + noise) if "LayerNorm.weight" in name else noise)
+            p.copy_((1 + noise) if name.endswith(("LayerNorm.weight", "layer_norm.weight")) else noise)
     return model.double().eval()
+
+
+def hf_bert(cls="BertForMaskedLM", seed=0, **overrides):
+    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=16, num_labels=3)
+    return _hf_encoder("BertConfig", cls, seed, base, overrides)
 
 
 def ids(seed=0, batch=3, length=T):
@@ -168,14 +171,12 @@ def test_a_permutation_of_the_stream_keeps_the_function_and_a_rotation_does_not(
     els = {n: E.random_element(group, g) for n, group in spec.groups.items()}
     moved = E.apply_spec(spec, c, els)
     assert rel_err(functional_logits(arch, moved, x), functional_logits(arch, c, x)) < 1e-10
-    rotation = Alignment.identity(spec).elements
     R = centred_orthogonal(random_orthogonal(arch.d_model - 1, g))
     rotated = dict(c)
     for ax in res.axes:  # R on every residual axis, as a pre-norm model's residual group would act
         W = rotated[ax.param].movedim(ax.axis, 0)
         rotated[ax.param] = (R @ W.reshape(W.shape[0], -1)).reshape(W.shape).movedim(0, ax.axis)
     assert rel_err(functional_logits(arch, rotated, x), functional_logits(arch, c, x)) > 1e-2
-    del rotation
 
 
 def test_the_masked_lm_transform_has_its_own_permutation_and_a_tied_head_unties():
@@ -216,23 +217,12 @@ def test_permutation_baseline_and_raw_spec_on_a_post_norm_model():
 def test_learned_matching_on_bert_lowers_a_planted_barrier(head_map):
     """Permutation latents for the stream, the masked-LM transform and the MLPs, head maps: from the
     identity, learned matching lowers the validation barrier of a planted pair and returns a symmetry of B."""
-    torch.manual_seed(0)
     a = make_model("bert", seed=62, dtype=torch.float32)
     with torch.no_grad():  # weights of order one: at the zoo's init scale a planted pair is nearly flat already
         for p in a.parameters():
             if p.dim() == 2:
                 p.mul_(15)
-    arch, raw = standard_params(a)
-    spec = canonical_spec(arch, head_map)
-    b = Alignment.random(spec, seed=6).apply(a)
-    data = [(make_inputs("bert", seed=s, batch=8),) * 2 for s in range(6)]
-    pa, pb = canonical_params(arch, raw), canonical_params(arch, standard_params(b)[1])
-    hard, info = learn_alignments(spec, [pa, pb], [Alignment.identity(spec).elements], data[:5], data[5:],
-                                  steps=40, lr=0.02, eval_every=10, patience=10, target="endpoints", lam="uniform")
-    assert info["val_barrier"] < info["val_history"][0][1]
-    al = exact_alignment(spec, hard[0], {}).validate()
-    x = make_inputs("bert", seed=9)
-    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+    learned_lowers_a_planted_barrier("bert", a, head_map)
 
 
 def test_learned_matching_on_a_hugging_face_sequence_classifier():
@@ -371,17 +361,7 @@ def test_a_multiberts_style_folder_loads_aligns_and_exports(tmp_path):
 def hf_roberta(cls="RobertaForMaskedLM", seed=0, **overrides):
     base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=T + 2, num_labels=3, type_vocab_size=1)  # pad id 1: positions from row 2
-    base.update(overrides)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(seed)
-        model = getattr(transformers, cls)(transformers.RobertaConfig(**base))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            p.copy_((1 + noise) if "LayerNorm.weight" in name or "layer_norm.weight" in name else noise)
-    return model.double().eval()
+    return _hf_encoder("RobertaConfig", cls, seed, base, overrides)
 
 
 def roberta_ids(seed=0, batch=3):
