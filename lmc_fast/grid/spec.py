@@ -229,7 +229,7 @@ def _options(table) -> tuple[dict, dict]:
             if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
                 raise ValueError(f"methods.{name}.{key}: must be a finite number, a string or a boolean, got {v!r}")
             if key == "augment":
-                from ..cli import AUGMENTATIONS  # the names of --augment (torch-free)
+                from ..data_specs import AUGMENTATIONS  # the names of --augment (torch-free)
 
                 if v not in AUGMENTATIONS:
                     raise ValueError(f"methods.{name}.augment: one of {', '.join(AUGMENTATIONS)}, got {v!r}")
