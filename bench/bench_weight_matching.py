@@ -30,12 +30,13 @@ import lmc_fast as lf  # noqa: E402
 import lmc_fast.kernels as kernels  # noqa: E402
 from lmc_fast.kernels.switch import use_extension  # noqa: E402
 from lmc_fast.match import solve as solve_mod  # noqa: E402
+from lmc_fast.match.kinds import MATCHERS  # noqa: E402
 from lmc_fast.match import weight as weight_mod  # noqa: E402
 from lmc_fast.match.align import params_pair  # noqa: E402
 
 
 def correlation_flops(group, pa) -> float:
-    """FLOPs of solve.correlation for one group: 2 n n k per axis (heads: 2 H^2 d^2 r)."""
+    """FLOPs of a matcher's correlation for one group: 2 n n k per axis (heads: 2 H^2 d^2 r)."""
     total = 0.0
     for ax in group.axes:
         W = pa[ax.param]
@@ -56,8 +57,9 @@ def timed_calls(device):
     counts = defaultdict(int)
     flops = defaultdict(float)
     patches = [(kernels, "linear_assignment", "assignment"), (kernels, "polar", "polar/svd"),
-               (kernels, "svd_small", "polar/svd"), (solve_mod, "correlation", "correlation GEMMs"),
-               (weight_mod, "apply_spec", "apply_spec"), (solve_mod, "objective", "objective")]
+               (kernels, "svd_small", "polar/svd"), (weight_mod, "apply_spec", "apply_spec"),
+               (solve_mod, "objective", "objective")]
+    patches += [(m, "correlation", "correlation GEMMs") for m in MATCHERS.values()]  # each kind's statistic
     saved = []
     for mod, attr, label in patches:
         fn = getattr(mod, attr)

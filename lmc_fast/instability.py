@@ -276,7 +276,8 @@ def _check_settings(out: Path, settings: dict) -> None:
 
 # ---------------------------------------------------------------- measuring
 def _pair_row(a, b, test, lambdas, methods) -> dict:
-    from .match.methods import align_with, method as registry_entry
+    from .match.align import align_with
+    from .match.methods import method as registry_entry
     from .sweep import barrier
 
     row = {}

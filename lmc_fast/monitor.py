@@ -35,9 +35,9 @@ from .sweep.checks import check_batch, spec_from_model
 from .sweep.evaluate import EvalOptions, evaluate_mixtures
 from .symmetry import Alignment, check_same_arch, prepare_params, spec_for
 
-#: the data-free methods of the registry (match/methods.py), cheap enough to run during training,
-#: and the parameter space each interpolates in ("none": raw parameters, the baseline)
-METHODS = {m.name: m.space for m in REGISTRY.values() if not m.needs_data}
+#: the registry's methods that match parameters alone (match/methods.py), cheap enough to run during
+#: training, and the parameter space each interpolates in ("none": raw parameters, the baseline)
+METHODS = {m.name: m.space for m in REGISTRY.values() if not m.aligns or m.match_params is not None}
 
 
 # ---------------------------------------------------------------- leaving training untouched
@@ -205,9 +205,7 @@ class BarrierMonitor:
         p0 = next(model.parameters())
         fixed = ref.params_on(p0.device)
         if REGISTRY[self.method].aligns:  # on parameters: lf.align would rebuild models
-            from .match.weight import weight_matching
-
-            elements, _ = weight_matching(spec, fixed, current, seed=self.seed)
+            elements, _ = REGISTRY[self.method].match_params(spec, fixed, current, seed=self.seed)
             current = Alignment(spec, elements).apply_params(current)
         evals = sorted(set(self.lambdas) | {0.0, 0.5, 1.0})
         options = EvalOptions(max_batches=self.max_batches, dtype=self.dtype or p0.dtype, device=p0.device,

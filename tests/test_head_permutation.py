@@ -5,7 +5,8 @@ import torch
 
 import lmc_fast as lf
 from lmc_fast.match.methods import method
-from lmc_fast.match.solve import flat, head_scores
+from lmc_fast.match.kinds.heads import head_scores
+from lmc_fast.match.solve import flat
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, InvalidAlignmentError, permutation_spec
 from lmc_fast.symmetry import elements as E
@@ -139,7 +140,7 @@ def test_learn_permutations_trains_only_the_permutation_latents():
     a, b, data = _vit_pair_and_data()
     la = lf.LearnedAlignment(a, b, learn="permutations")
     trains = {n for n, p in la.named_parameters() if p.requires_grad}
-    assert trains == {"latents.0.mlp_latent", "latents.0.head_perm"}
+    assert trains == {"latents.0.blocks.mlp.perm", "latents.0.blocks.heads.perm"}
     before = {n: p.detach().clone() for n, p in la.named_parameters()}
     start = la.alignment()
     opt = torch.optim.Adam(la.parameters(), lr=0.5)
@@ -149,9 +150,9 @@ def test_learn_permutations_trains_only_the_permutation_latents():
         loss.backward()
         opt.step()
     after = dict(la.named_parameters())
-    for n in ("latents.0.residual", "latents.0.head_maps"):
+    for n in ("latents.0.blocks.residual.rotation", "latents.0.blocks.heads.maps"):
         assert torch.equal(after[n], before[n]), n
-    assert not torch.equal(after["latents.0.mlp_latent"], before["latents.0.mlp_latent"])
+    assert not torch.equal(after["latents.0.blocks.mlp.perm"], before["latents.0.blocks.mlp.perm"])
     end = la.alignment()
     for name, group in la.spec.groups.items():
         keys = ("matrix",) if group.kind == "orthogonal" else ("qk", "vo") if group.kind == "heads" else ()

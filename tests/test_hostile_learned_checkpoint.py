@@ -35,12 +35,12 @@ def _rewrite(ckpt, edit):
     save_file(packer.tensors, str(ckpt), metadata={"lmc_fast": json.dumps(meta, allow_nan=True)})
 
 
-def _latent(state, name="residual"):
+def _latent(state, name="residual.rotation"):
     (key,) = [k for k in state["latents"] if k.endswith(name)]
     return key
 
 
-def _set_latent(change, name="residual"):
+def _set_latent(change, name="residual.rotation"):
     def edit(state):
         k = _latent(state, name)
         state["latents"][k] = change(state["latents"][k])
@@ -95,7 +95,7 @@ DAMAGED = [
     ("latent-reshaped", _set_latent(lambda t: t[:-1])),
     ("latent-nan", _set_latent(lambda t: t.fill_(float("nan")))),
     ("latent-float64", _set_latent(lambda t: t.double())),
-    ("mlp-latent-inf", _set_latent(lambda t: t.fill_(float("inf")), "mlp_latent")),
+    ("mlp-latent-inf", _set_latent(lambda t: t.fill_(float("inf")), "blocks.mlp.perm")),
     ("adam-moment-truncated", _adam("exp_avg", lambda t: t.reshape(-1)[:-1])),
     ("adam-second-moment-negative", _adam("exp_avg_sq", lambda t: -1 - t)),
     ("adam-step-past-the-run", _adam("step", lambda t: t + 1000)),

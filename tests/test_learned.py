@@ -74,12 +74,13 @@ def test_latent_projection_warm_start_matches_cold_solves():
     first = None
     for step in range(5):
         _, hard = lat.project()
+        mlp = lat.blocks["mlp"]
         if K.has_ext():
-            assert lat._warm_mlp["duals"].shape == (len(lat.mlp), 40)
-        cold = K.linear_assignment_reference(lat.mlp_latent.detach())
-        warm = torch.stack([hard[n]["perm"] for n in lat.mlp])
-        torch.testing.assert_close(K.assignment_objective(lat.mlp_latent.detach(), warm),
-                                   K.assignment_objective(lat.mlp_latent.detach(), cold), rtol=0, atol=1e-6)
+            assert mlp.warm["duals"].shape == (len(mlp.names), 40)
+        cold = K.linear_assignment_reference(mlp.perm.detach())
+        warm = torch.stack([hard[n]["perm"] for n in mlp.names])
+        torch.testing.assert_close(K.assignment_objective(mlp.perm.detach(), warm),
+                                   K.assignment_objective(mlp.perm.detach(), cold), rtol=0, atol=1e-6)
         first = warm if first is None else first
         with torch.no_grad():  # a random walk big enough to change the assignment
             for p in lat.parameters():
@@ -134,7 +135,7 @@ def test_align_learned_api_returns_alignment():
 
 
 def test_learned_merge_keeps_functions():
-    from lmc_fast.match.learned import learned_merge
+    from lmc_fast.match.learned_merge import learned_merge
 
     models = [make_model("vit", seed=s, dtype=torch.float32) for s in (81, 82, 83)]
     data = [(make_inputs("vit", seed=s, batch=8, dtype=torch.float32),
@@ -226,9 +227,10 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
     with torch.no_grad():  # labelled by A, so the task is A's function
         data = [(x, logits(a, x).argmax(-1)) for x, _ in data]
     la = lf.LearnedAlignment(a, b, init="identity")
-    assert {n for n, _ in la.named_parameters()} <= {"latents.0.mlp_latent", "latents.0.head_perm",
-                                                      "latents.0.head_maps", "latents.0.residual"}
-    assert set(la.state_dict()) == {n for n, _ in la.named_parameters()} | {"latents.0.Q"}  # no model weights
+    assert {n for n, _ in la.named_parameters()} <= {"latents.0.blocks.mlp.perm", "latents.0.blocks.heads.perm",
+                                                      "latents.0.blocks.heads.maps", "latents.0.blocks.residual.rotation"}
+    assert set(la.state_dict()) == ({n for n, _ in la.named_parameters()}
+                                    | {"latents.0.blocks.residual.Q"})  # no model weights
     x = data[0][0]
     assert rel_err(la(x, lam=0.0), logits(a, x)) < 1e-4 and rel_err(la(x, lam=1.0), logits(b, x)) < 1e-4
     assert la(x, lam=[0.0, 0.5, 1.0]).shape == (3, *logits(a, x).shape)

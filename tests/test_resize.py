@@ -81,7 +81,7 @@ def test_wider_model_b_is_refused_with_a_clear_error():
 
 
 def test_merge_many_pads_narrower_models_to_the_widest():
-    from lmc_fast.match.learned import learned_merge
+    from lmc_fast.match.learned_merge import learned_merge
 
     models = [make_model("vit", seed=51, d_mlp=40), make_model("vit", seed=52, d_mlp=48),
               make_model("vit", seed=53, d_mlp=44)]

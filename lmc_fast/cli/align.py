@@ -7,15 +7,12 @@ from pathlib import Path
 
 from ..method_names import ALIGN_METHODS, DATA_METHODS
 from .args import add_command, data_options, finite_positive_float, model_pair, positive_int
+from ..data_specs import AUGMENTATIONS, augmentation
 from .console import CLIError, Console
 from .data import batches, data_paths, model_data
 from .models import load
 from .outputs import Outputs, now
 
-#: --augment names -> (class in lmc_fast.data.augment, its argument); "auto" is learned matching's own
-#: choice (Mixup for images with the end-model target, nothing otherwise)
-AUGMENTATIONS = {"auto": "auto", "none": None, "mixup": ("Mixup", 1.0), "shift": ("RandomShift", 1),
-                 "noise": ("GaussianNoise", 0.1)}
 PRESETS = ("default", "paper", "distill")  # as lmc_fast.match.learned.PRESET_NAMES (not imported: that loads torch)
 
 
@@ -44,16 +41,6 @@ def register(subparsers, parents):
                         "auto: mixup for images with --target endpoints; default: the preset's, paper none, distill auto)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
     data_options(a, "training batch size for activation / learned matching (default 64)")
-
-
-def _augmentation(name: str):
-    """--augment NAME -> an lmc_fast.data.augment object (None for "none")."""
-    from ..data import augment
-
-    spec = AUGMENTATIONS[name]
-    if spec is None or spec == "auto":
-        return spec
-    return getattr(augment, spec[0])(spec[1])
 
 
 def align_summary_path(out) -> Path:
@@ -88,10 +75,14 @@ def run(args, con: Console) -> int:
             kw.update(preset=args.preset, steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
                       temperature=args.temperature)
             if args.augment is not None:
-                kw["augment"] = _augmentation(args.augment)
+                kw["augment"] = augmentation(args.augment)
     con.log(f"aligning {args.b} onto {args.a} with {args.method} matching")
     t0 = time.perf_counter()
-    al = lf.align(a, b, args.method, progress=not args.quiet, seed=args.seed, **kw)
+    from ..match.methods import method as method_entry
+
+    if method_entry(args.method).accepts("seed"):  # activation matching is deterministic: no seed
+        kw["seed"] = args.seed
+    al = lf.align(a, b, args.method, progress=not args.quiet, **kw)
     seconds = time.perf_counter() - t0
     info = {"kind": "align", "a": args.a, "b": args.b, "method": args.method, "data": data_spec,
             "space": al.spec.space, "seconds": seconds, "info": _jsonable(al.info), "alignment": str(out), "date": now()}

@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from ..models.adapters import standard_params
 from ..models import functional as Fn
 from ..sweep.batches import reiterable
 from ..sweep.checks import check_batch, spec_from_params
@@ -23,7 +22,7 @@ from ..sweep.evaluate import EvalOptions, evaluate_mixtures
 from ..sweep.metrics import has_kept_targets, task_loss
 from ..numerics import dirichlet_weights
 from ..sweep.simplex import check_alpha
-from ..symmetry import Alignment, check_same_arch, prepare_params
+from ..symmetry import Alignment
 from . import learned_checkpoint
 from .options import LAMBDA_MODES, PRESET_NAMES, TARGETS, check_option, check_options
 from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment
@@ -383,9 +382,9 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     if init is None and _token_inputs(train):
         # language models start from weight matching with the token-frequency prior of these batches:
         # lower on each of 4 Shakespeare pairs than the plain start (bench/results/learned_ablation.json)
-        from .align import align
+        from .weight import align_by_weights
 
-        start, start_name = align(model_a, model_b, "weight", seed=seed, token_counts=train), "weight+token_prior"
+        start, start_name = align_by_weights(model_a, model_b, seed=seed, token_counts=train), "weight+token_prior"
     module = LearnedAlignment(model_a, model_b, "weight" if start is None else start, head_map=head_map, learn=learn,
                               device=device, seed=seed)
     hard, info = fit_alignments(module, train, val, steps=o["steps"], lr=o["lr"], lam=o["lam"],
@@ -397,37 +396,3 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     info["init"] = start_name or ("weight" if init is None else init.info.get("method", "weight"))
     info["preset"], info["val_fraction"], info["end_models_training_loss"] = preset, o["val_fraction"], training_loss
     return exact_alignment(module.spec, hard[0], info)
-
-
-def learned_merge(models, data, *, steps: int = 1000, lr: float = 3e-3, alpha: float = 1.0,
-                  lambdas_per_step: int = 4, val_fraction: float = 0.1, eval_every: int = 50, patience: int = 6,
-                  target: str = "labels", temperature: float = 1.0, augment=None, seed: int = 0,
-                  progress: bool = False):
-    """Learned refinement after `merge_many`: latents for models[1:] (models[0] is the
-    reference), trained on Dirichlet(alpha) mixtures. Returns (aligned models, alignments)."""
-    from ..models.adapters import adapter_for
-    from ..models.resize import widen_all
-    from .many import merge_many
-
-    alpha = check_alpha(alpha)
-    check_options(dict(steps=steps, lr=lr, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
-                       eval_every=eval_every, patience=patience, target=target, temperature=temperature, seed=seed))
-    models = widen_all(models)  # narrower MLPs zero-padded, as merge_many does
-    merged, alignments = merge_many(models, "weight", return_alignments=True, seed=seed)
-    spec = alignments[1].spec
-    arch = spec.arch
-    params = []
-    for m in models:
-        a, raw = standard_params(m)
-        check_same_arch(arch, a, "model")
-        params.append(prepare_params(spec, a, raw))
-    train, val = split_batches(data, val_fraction)
-    device = next(models[0].parameters()).device
-    hard, info = learn_alignments(spec, [alignments[0].apply_params(params[0])] + params[1:],
-                                  [al.elements for al in alignments[1:]], train, val, steps=steps, lr=lr,
-                                  alpha=alpha, lambdas_per_step=lambdas_per_step, eval_every=eval_every,
-                                  patience=patience, seed=seed, device=device, target=target,
-                                  temperature=temperature, augment=augment, progress=progress)
-    learned = [alignments[0]] + [exact_alignment(spec, h, info) for h in hard]
-    out = [merged[0]] + [adapter_for(m).build(m, al.apply_params(p)) for m, al, p in zip(models[1:], learned[1:], params[1:])]
-    return out, learned

@@ -101,15 +101,7 @@ def _unpack(obj, tensors: dict, device=None):
 
 def _warm_latents(lat) -> dict:
     """Each warm-start dict of a `Latents` with the latent whose assignments it prices."""
-    out = {"mlp": (lat._warm_mlp, getattr(lat, "mlp_latent", None)),
-           "heads": (lat._warm_heads, getattr(lat, "head_perm", None))}
-    if hasattr(lat, "_warm_qheads"):
-        out["qheads"] = (lat._warm_qheads, lat.head_qperm.flatten(0, 1))
-    for i, (warm, latent) in enumerate(zip(lat._warm_extra, getattr(lat, "perm_latents", ()))):
-        out[f"extra{i}"] = (warm, latent.unsqueeze(0))
-    if hasattr(lat, "_warm_residual"):
-        out["residual"] = (lat._warm_residual, lat.residual_perm.unsqueeze(0))
-    return out
+    return lat.warm_parts()
 
 
 def _warm_states(module) -> list:

@@ -27,11 +27,6 @@ from ..symmetry import elements as E
 from .options import LEARN_MODES
 from .projection import Latents, apply_dense
 
-#: latent names each `learn` mode trains (None: all); the others stay at their initial solution
-_LEARNED = {"all": None, "continuous": ("residual", "head_maps"), "residual": ("residual",),
-            "permutations": ("mlp_latent", "head_perm", "head_qperm")}
-
-
 def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
     """(K, N) weights, N tensors -> (K, ...) mixtures, as broadcast multiply-adds."""
     out = None
@@ -68,10 +63,10 @@ class MixedAlignments(torch.nn.Module):
             for i, k in enumerate(self._names):
                 self.register_buffer(f"fixed{n}_{i}", p[k].to(device=device, dtype=dtype), persistent=False)
         self.latents = torch.nn.ModuleList([Latents(spec, el, dtype).to(device) for el in init_elements])
-        keep = _LEARNED[learn]
-        for lat in self.latents:
-            for name, p in lat.named_parameters():
-                p.requires_grad_(keep is None or name in keep)
+        for lat in self.latents:  # the latents `learn` leaves out stay at their initial solution
+            for block_name, block in lat.blocks.items():
+                for name, p in block.named_parameters():
+                    p.requires_grad_(lat.trains(learn, block_name, name))
 
     @property
     def n_models(self) -> int:
@@ -165,9 +160,9 @@ class LearnedAlignment(MixedAlignments):
                 raise ValueError("init was made with another head_map: its groups differ from this alignment's")
             return init.validate(), init.info.get("method", "given")
         if init == "weight":
-            from .align import align
+            from .weight import align_by_weights
 
-            return align(model_a, model_b, "weight", seed=seed), "weight"
+            return align_by_weights(model_a, model_b, seed=seed), "weight"
         if init == "identity":
             return Alignment.identity(spec), "identity"
         raise ValueError(f"init must be 'weight', 'identity' or an Alignment, got {init!r}")

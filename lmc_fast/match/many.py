@@ -8,9 +8,10 @@ import torch
 from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_all
 from ..symmetry import Alignment
-from ..method_names import DATA_FREE_ALIGN_METHODS
-from .align import align, params_pair
+from .align import align
+from .methods import PARAMETER_METHODS, method as method_entry
 from .options import check_option
+from .pair import params_pair
 
 
 def _same(spec, e1: dict, e2: dict, atol: float = 1e-9) -> bool:
@@ -38,22 +39,23 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
         raise ValueError("merge_many needs at least two models")
     if mode not in ("mean", "reference"):
         raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
-    if mode == "mean" and method not in DATA_FREE_ALIGN_METHODS:  # before any alignment is solved
-        raise ValueError(f"mode='mean' needs a data-free method ({' or '.join(map(repr, DATA_FREE_ALIGN_METHODS))})")
+    entry = method_entry(method)
+    if mode == "mean" and entry.match_params is None:  # before any alignment is solved
+        raise ValueError(f"mode='mean' needs a data-free method that matches parameters alone "
+                         f"({' or '.join(map(repr, PARAMETER_METHODS))})")
     check_option("rounds", rounds)
     check_option("seed", seed)
     for i, m in enumerate(models[1:], start=1):  # any MLP widths: all are padded to the widest
         check_compatible(models[0], m, f"models[{i}]", "models[0]", mlp="any")
     models = widen_all(models)
-    alignments = [None] + [align(models[0], m, method, data=data, seed=seed) for m in models[1:]]
+    seeded = {"seed": seed} if entry.accepts("seed") else {}
+    alignments = [None] + [align(models[0], m, method, data=data, **seeded) for m in models[1:]]
     spec = alignments[1].spec
     originals = [params_pair(models[0], m, spec.space)[2] for m in models]
     alignments[0] = Alignment.identity(spec)
     current = [al.apply_params(p) for al, p in zip(alignments, originals)]
     done_rounds = 0
     if mode == "mean":
-        from .weight import weight_matching
-
         rng = random.Random(seed)
         bar = None
         if progress:
@@ -67,7 +69,7 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
             for i in order:
                 others = [current[j] for j in range(len(models)) if j != i]
                 target = {k: sum(p[k] for p in others) / len(others) for k in others[0]}
-                elements, info = weight_matching(spec, target, originals[i], seed=seed)
+                elements, info = entry.match_params(spec, target, originals[i], seed=seed)
                 if not _same(spec, elements, alignments[i].elements):
                     changed = True
                 alignments[i] = Alignment(spec, elements, info)

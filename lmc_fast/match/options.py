@@ -80,6 +80,12 @@ def _lam(name, v):
     return v
 
 
+def _dtype(name, v):
+    if v is not None and not (type(v).__name__ == "dtype" and str(v) in ("torch.float32", "torch.float64")):
+        raise ValueError(f"{name} must be torch.float32 or torch.float64, got {v!r}")
+    return v
+
+
 #: option -> check(name, value); None is each learned setting's "take the preset's value"
 CHECKS = {
     "seed": _int(0, 2**63 - 1),
@@ -106,6 +112,7 @@ CHECKS = {
     "clip": _real(0.0, lo_open=True, none=True),
     "checkpoint_every": _int(1, none=True),
     "rounds": _int(1),
+    "dtype": _dtype,
 }
 
 

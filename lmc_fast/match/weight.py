@@ -18,70 +18,20 @@ import time
 import torch
 
 from ..numerics import all_finite
+from ..symmetry import Alignment
 from ..symmetry.elements import apply_spec, identity
-from ..symmetry.spec import NO_HEAD_MAP, Spec
+from ..symmetry.spec import Spec
 from . import solve
+from .kinds import matcher_of, solve_groups
 
 
 def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False,
                  warm: dict | None = None):
-    """Solve the given layer-local groups given B with the residual element applied. With
-    `freeze_perms`, permutations stay and only the per-head orthogonal maps are re-solved.
-    `warm` carries assignment prices from sweep to sweep (see solve.solve_permutations)."""
-    mlp = [n for n in names if spec.groups[n].kind == "permutation"]
-    heads = [n for n in names if spec.groups[n].kind == "heads"]
-    perm_heads = [n for n in heads if spec.groups[n].head_map == NO_HEAD_MAP]  # raw space: whole heads
-    heads = [n for n in heads if n not in perm_heads]
-    grouped = [n for n in heads if spec.groups[n].group_size > 1]  # grouped-query attention
-    heads = [n for n in heads if n not in grouped]
-    if freeze_perms:
-        for n in heads:
-            c = solve.correlation(spec.groups[n], pa, pb_r)
-            qk, vo = solve.solve_head_maps(c["qk"], c["vo"], elements[n]["perm"], spec.groups[n].rotary_dim)
-            elements[n] = {"perm": elements[n]["perm"], "qk": qk, "vo": vo}
-        for n in grouped:
-            c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r)])
-            el = elements[n]
-            qk, vo = solve.grouped_head_maps(c, el["perm"][None], el["qperm"][None], spec.groups[n].rotary_dim)
-            elements[n] = {"perm": el["perm"], "qperm": el["qperm"], "qk": qk[0], "vo": vo[0]}
-        return
-    for same in solve.by_size(spec, mlp):  # one batched assignment per size (MLP units; BERT's pooler units)
-        Cs = torch.stack([solve.correlation(spec.groups[n], pa, pb_r) for n in same])
-        for n, perm in zip(same, solve.solve_permutations(Cs, warm, tuple(same))):
-            elements[n] = {"perm": perm}
-    if perm_heads:
-        scores = [solve.head_scores(spec.groups[n], pa, pb_r) for n in perm_heads]
-        if isinstance(scores[0], tuple):  # grouped-query attention: groups and query heads within them
-            perms, qperms = solve.assign_grouped(torch.stack([s[0] for s in scores]),
-                                                 torch.stack([s[1] for s in scores]))
-            for i, n in enumerate(perm_heads):
-                elements[n] = {"perm": perms[i], "qperm": qperms[i]}
-        else:
-            for n, perm in zip(perm_heads, solve.solve_permutations(torch.stack(scores), warm, tuple(perm_heads))):
-                elements[n] = {"perm": perm}
-    if heads:
-        cs = [solve.correlation(spec.groups[n], pa, pb_r) for n in heads]
-        rotary_dim = spec.groups[heads[0]].rotary_dim
-        perm, qk, vo = solve.solve_heads(torch.stack([c["qk"] for c in cs]), torch.stack([c["vo"] for c in cs]),
-                                         rotary_dim)
-        for i, n in enumerate(heads):
-            elements[n] = {"perm": perm[i], "qk": qk[i], "vo": vo[i]}
-    if grouped:
-        c = solve.stack_correlations([solve.correlation(spec.groups[n], pa, pb_r) for n in grouped])
-        perm, qperm, qk, vo = solve.solve_grouped_heads(c, spec.groups[grouped[0]].rotary_dim)
-        for i, n in enumerate(grouped):
-            elements[n] = {"perm": perm[i], "qperm": qperm[i], "qk": qk[i], "vo": vo[i]}
-
-
-def _solve_one(spec: Spec, name: str, pa: dict, pb_other: dict, elements: dict, warm: dict | None = None):
-    group = spec.groups[name]
-    if group.kind == "heads":
-        _solve_local(spec, pa, pb_other, elements, [name])
-    elif group.kind == "permutation":
-        C = solve.correlation(group, pa, pb_other)
-        elements[name] = {"perm": solve.solve_permutations(C.unsqueeze(0), warm, name)[0]}
-    else:
-        elements[name] = {"matrix": solve.solve_orthogonal(group, solve.correlation(group, pa, pb_other))}
+    """Solve the given layer-local groups given B with the residual element applied, each run of one
+    kind and shape in one batched call (its matcher's). With `freeze_perms`, permutations stay and
+    only the per-head maps are re-solved. `warm` carries assignment prices from sweep to sweep."""
+    stats = {n: matcher_of(spec.groups[n]).correlation(spec.groups[n], pa, pb_r) for n in names}
+    solve_groups(spec, names, stats, elements, warm=warm, frozen=freeze_perms)
 
 
 def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[str], warm: dict | None = None) -> float:
@@ -90,17 +40,11 @@ def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[st
     C[i, perm[i]]), plus the parameters it does not touch. Saves one transform of every
     parameter per sweep."""
     group = spec.groups[spec.residual]
+    m = matcher_of(group)
     pb_other = apply_spec(spec, pb, elements, skip={spec.residual})
-    C = solve.correlation(group, pa, pb_other)
-    if group.kind == "permutation":
-        perm = solve.solve_permutations(C.unsqueeze(0), warm, spec.residual)[0]
-        elements[spec.residual] = {"perm": perm}
-        value = C[torch.arange(C.shape[0]), perm].sum()
-    else:
-        M = solve.solve_orthogonal(group, C)
-        elements[spec.residual] = {"matrix": M}
-        value = (M * C).sum()
-    return float(value) + solve.objective(pa, pb_other, rest)
+    C = m.correlation(group, pa, pb_other)
+    elements[spec.residual] = m.solve([group], [C], warm=warm, key=spec.residual)[0]
+    return m.value(group, C, elements[spec.residual]) + solve.objective(pa, pb_other, rest)
 
 
 def _anchor_residual(spec: Spec, pa: dict, pb: dict):
@@ -112,9 +56,7 @@ def _anchor_residual(spec: Spec, pa: dict, pb: dict):
     C = solve.correlation(anchor, pa, pb)
     if not all_finite(C) or C.abs().max() == 0:
         return None
-    elements = {}
-    _solve_one(dataclasses.replace(spec, groups={spec.residual: anchor}), spec.residual, pa, pb, elements)
-    return elements[spec.residual]
+    return matcher_of(anchor).solve([anchor], [C])[0]
 
 
 def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], rest: list[str],
@@ -126,7 +68,7 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
     each iteration transforms and correlates only the attention parameters (a third of
     GPT-2's residual-touching weights), instead of the whole model."""
     res = spec.groups[spec.residual]
-    heads = [n for n in local if spec.groups[n].kind == "heads"]
+    heads = [n for n in local if matcher_of(spec.groups[n]).has_maps(spec.groups[n])]  # the per-head maps
     moving = {ax.param for n in heads for ax in spec.groups[n].axes}
     fixed_axes = tuple(ax for ax in res.axes if ax.param not in moving)
     moving_res = dataclasses.replace(res, axes=tuple(ax for ax in res.axes if ax.param in moving))
@@ -145,9 +87,9 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
                          freeze_perms=True)
         pb_other = apply_spec(spec, pb_moving, elements, skip={spec.residual})
         C = C_fixed + solve.correlation(moving_res, pa, pb_other) if moving_res.axes else C_fixed
-        M = solve.solve_orthogonal(res, C)
-        elements[spec.residual] = {"matrix": M}
-        value = float((M * C).sum()) + value_fixed + solve.objective(pa, pb_other, rest_moving)
+        m = matcher_of(res)
+        elements[spec.residual] = m.solve([res], [C])[0]
+        value = m.value(res, C, elements[spec.residual]) + value_fixed + solve.objective(pa, pb_other, rest_moving)
         if _max_change(spec, before, elements) < polish_tol:
             break
     return polished, value
@@ -308,7 +250,9 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
             for n in group_names:
                 touched = {ax.param for ax in spec.groups[n].axes}
                 sub = apply_spec(spec, {p: pb[p] for p in touched}, elements, skip={n})
-                _solve_one(spec, n, pa, sub, elements, warm)
+                group = spec.groups[n]
+                elements[n] = matcher_of(group).solve([group], [matcher_of(group).correlation(group, pa, sub)],
+                                                      warm=warm, key=n)[0]
             value = solve.objective(pa, apply_spec(spec, pb, elements), names)
         history.append(value)
         if progress is not None:
@@ -318,7 +262,7 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
             break
     polished = 0
     if (order == "structured" and polish_iter > 0 and spec.residual is not None
-            and spec.groups[spec.residual].kind == "orthogonal"):
+            and matcher_of(spec.groups[spec.residual]).has_maps(spec.groups[spec.residual])):
         polished, value = _polish(spec, pa, pb, elements, local, rest, polish_iter, polish_tol)
         history.append(value)
     info = {"method": "weight", "order": order, "weighting": weighting, "init": init,
@@ -326,3 +270,36 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
             "objective_identity": objective_identity,
             "seconds": time.perf_counter() - t0}
     return elements, info
+
+
+def _align(model_a, model_b, space: str, heads: bool, dtype, progress: bool, **options) -> Alignment:
+    from .pair import params_pair, progress_bar, solved_alignment
+
+    dtype = dtype or torch.float64
+    spec, pa, pb = params_pair(model_a, model_b, space, heads=heads, dtype=dtype)
+    bar = progress_bar(progress, "weight matching" if space == "canonical" else "permutation matching",
+                       options["max_iter"])
+    elements, info = weight_matching(spec, pa, pb, progress=bar, **options)
+    if bar is not None:
+        bar.close()
+    if space == "raw":
+        info["method"], info["heads"] = "permutation", heads
+    return solved_alignment(spec, elements, info, dtype)
+
+
+def align_by_weights(model_a, model_b, data=None, *, dtype=None, progress: bool = False, seed: int = 0,
+                     max_iter: int = 100, tol: float = 1e-4, order: str = "structured", weighting: str | None = None,
+                     token_counts=None) -> Alignment:
+    """Method "weight" on two models: weight matching of every group in canonical space."""
+    return _align(model_a, model_b, "canonical", True, dtype, progress, seed=seed, max_iter=max_iter, tol=tol,
+                  order=order, weighting=weighting or "sum", token_counts=token_counts)
+
+
+def align_by_permutations(model_a, model_b, data=None, *, heads: bool | None = True, dtype=None,
+                          progress: bool = False, seed: int = 0, max_iter: int = 100, tol: float = 1e-4,
+                          order: str = "structured", weighting: str | None = None) -> Alignment:
+    """Method "permutation" on two models: Git Re-Basin's weight matching on raw parameters, permuting
+    the residual, MLP units and, unless `heads` is False, whole heads."""
+    heads = heads is not False
+    return _align(model_a, model_b, "raw", heads, dtype, progress, seed=seed, max_iter=max_iter, tol=tol,
+                  order=order, weighting=weighting or "sum")
