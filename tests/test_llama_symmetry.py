@@ -264,3 +264,107 @@ def test_arch_files_from_before_the_llama_fields_still_load():
         Arch.from_dict({**dataclasses.asdict(new), "n_kv_head": 3})
     with pytest.raises(ValueError, match="arch positions is 'alibi'"):
         Arch.from_dict({**dataclasses.asdict(new), "positions": "alibi"})
+
+
+def _scaled_units(arch: Arch, params: dict, scales: list) -> dict:
+    """SwiGLU's scale symmetry on standard parameters: unit i's up row (and bias) times s_i, its down
+    column over s_i, per layer."""
+    out = dict(params)
+    for l, s in enumerate(scales):
+        b = f"blocks.{l}.mlp."
+        out[b + "fc1.weight"] = params[b + "fc1.weight"] * s[:, None]
+        if b + "fc1.bias" in params:
+            out[b + "fc1.bias"] = params[b + "fc1.bias"] * s
+        out[b + "fc2.weight"] = params[b + "fc2.weight"] / s[None, :]
+    return out
+
+
+def _log_uniform_scales(arch: Arch, seed: int, low: float = 0.25, high: float = 4.0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = torch.log(torch.tensor(low)), torch.log(torch.tensor(high))
+    return [torch.exp(lo + (hi - lo) * torch.rand(arch.d_mlp, generator=g, dtype=torch.float64))
+            for _ in range(arch.n_layer)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_unit_scales_keep_the_function_and_the_canonical_form(config, ids):
+    """Scales in [1/4, 4] leave the logits as they are (float64), and the canonical form balances them
+    away: both models' canonical parameters are equal, and each unit's up and down norms agree."""
+    arch = llama_arch(*config)
+    a = random_params(arch)
+    b = _scaled_units(arch, a, _log_uniform_scales(arch, seed=3))
+    assert (logits(arch, b, ids) - logits(arch, a, ids)).abs().max() < 1e-10
+    assert max_diff(b, a) > 0.5  # the scales are far from one
+    ca, cb = canonical_params(arch, a), canonical_params(arch, b)
+    assert max_diff(cb, ca) < 1e-12
+    for l in range(arch.n_layer):
+        m = f"blocks.{l}.mlp."
+        up = ca[m + "fc1.weight"].pow(2).sum(1) + (ca[m + "fc1.bias"].pow(2) if m + "fc1.bias" in ca else 0.0)
+        torch.testing.assert_close(up.sqrt(), ca[m + "fc2.weight"].norm(dim=0), rtol=1e-12, atol=0)
+    assert max_diff(canonical_params(arch, ca), ca) < 1e-13  # idempotent up to rounding
+    assert (logits(arch, ca, ids) - logits(arch, a, ids)).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("method", ["weight", "activation"])
+@pytest.mark.parametrize("config", CONFIGS[:3], ids=IDS[:3])
+def test_matching_recovers_a_planted_symmetry_with_unit_scales(config, method):
+    """B = g . A with g holding unit scales as well as every other group's element: the canonical
+    forms take the scales, the matchers the rest, and the aligned B equals A (float64)."""
+    arch = llama_arch(*config)
+    spec = canonical_spec(arch)
+    a = random_params(arch)
+    pa = canonical_params(arch, a)
+    scaled = canonical_params(arch, _scaled_units(arch, a, _log_uniform_scales(arch, seed=5)))
+    planted = {n: E.random_element(group, torch.Generator().manual_seed(9)) for n, group in spec.groups.items()}
+    pb = E.apply_spec(spec, scaled, planted)
+    if method == "weight":
+        found, _ = weight_matching(spec, pa, pb)
+    else:
+        gen = torch.Generator().manual_seed(7)
+        found, _ = activation_matching(spec, pa, pb, [(torch.randint(0, VOCAB, (8, 16), generator=gen), None)
+                                                      for _ in range(3)])
+    _assert_recovered(spec, pa, pb, found, {n: E.inverse(g, planted[n]) for n, g in spec.groups.items()})
+
+
+def test_unit_scales_are_outside_the_permutation_baseline():
+    """The negative control: on raw parameters (Git Re-Basin's permutations, no canonical form) the
+    same planted scales are not brought back, so the recovery above is the canonical form's doing."""
+    arch = llama_arch(4, False, False)
+    spec = permutation_spec(arch)
+    a = random_params(arch)
+    planted = {n: E.random_element(group, torch.Generator().manual_seed(9)) for n, group in spec.groups.items()}
+    pb = E.apply_spec(spec, _scaled_units(arch, a, _log_uniform_scales(arch, seed=5)), planted)
+    found, _ = weight_matching(spec, a, pb)
+    assert max_diff(E.apply_spec(spec, pb, found), a) > 0.1
+
+
+def test_a_unit_sign_flip_is_exact_but_not_in_the_group(ids):
+    """s = -1 (up row and down column negated) is exact too: fc1 enters the gated product linearly.
+    The canonical form fixes |s| only, so a flipped unit stays flipped (documented in ARCHITECTURE.md)."""
+    arch = llama_arch(4, False, False)
+    a = random_params(arch)
+    signs = [torch.where(torch.arange(arch.d_mlp) % 3 == 0, -1.0, 1.0).double() for _ in range(arch.n_layer)]
+    b = _scaled_units(arch, a, signs)
+    assert (logits(arch, b, ids) - logits(arch, a, ids)).abs().max() < 1e-10
+    assert max_diff(canonical_params(arch, b), canonical_params(arch, a)) > 0.1
+
+
+@pytest.mark.parametrize("kind", ["llama", "hf_llama", "hf_qwen2"])
+def test_align_brings_back_a_scaled_and_permuted_model_through_the_api(kind):
+    """Through lf.align and Alignment.apply on the model classes: B = g . (A with unit scales) aligns
+    back onto A with a zero barrier and A's canonical parameters."""
+    import lmc_fast as lf
+    from lmc_fast.models.adapters import adapter_for, standard_params
+    from lmc_fast.symmetry import Alignment
+    from zoo import make_inputs, make_model
+
+    a = make_model(kind, seed=1)
+    arch, raw = standard_params(a)
+    scaled = adapter_for(a).build(a, _scaled_units(arch, raw, _log_uniform_scales(arch, seed=4)))
+    b = Alignment.random(canonical_spec(arch), seed=2).apply(scaled)
+    al = lf.align(a, b, "weight")
+    want = canonical_params(arch, raw)
+    assert max_diff(canonical_params(arch, standard_params(al.apply(b))[1]), want) < 1e-8
+    data = [(make_inputs(kind, seed=s), None) for s in range(2)]
+    data = [(x, x) for x, _ in data]
+    assert lf.barrier(a, al.apply(b), data, lambdas=3).barrier < 1e-9

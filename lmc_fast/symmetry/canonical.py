@@ -7,7 +7,11 @@
 - b_K <- 0 (softmax ignores a per-query constant; not with rotary positions, where q . R b_K
   depends on the key's position); b_O <- b_O + W_O b_V, b_V <- 0 (attention weights sum to
   one; only where the output projection has a bias to take it, and not with grouped-query
-  attention's shared values: W_O b_V then needs every query head's block, which it has).
+  attention's shared values: W_O b_V then needs every query head's block, which it has);
+- gated MLPs (SwiGLU): fc2(act(gate x) * fc1 x) is unchanged when unit i's fc1 row (and bias) is
+  scaled by s > 0 and its fc2 column by 1 / s, so each unit is balanced: s makes both norms
+  sqrt(||fc1_i|| ||fc2_:,i||). Permutations and residual rotations keep both norms, so the balanced
+  form of g . A is the balanced form of A moved by the rest of g: the scales need no matching.
 The result is idempotent and exports back to the original class.
 """
 from __future__ import annotations
@@ -67,8 +71,30 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
         for name, axis in residual_writers(arch):
             W = d64(name)
             store(name, W - W.mean(dim=axis, keepdim=True))
+    if arch.gated:  # after centring: the balance reads the final fc2 columns
+        for l in range(arch.n_layer):
+            for name, value in balanced_units(p, f"blocks.{l}.mlp.").items():
+                store(name, value)
     # the rest unchanged, as copies (the result never shares memory with `params`)
     return {k: (v if k in done else v.to(dtype, copy=True)) for k, v in p.items()}
+
+
+def balanced_units(p: dict, prefix: str) -> dict:
+    """fc1 (rows and bias) and fc2 (columns) of one gated MLP with each unit's scale balanced, in float64.
+    A unit with a zero side (a zero-padded unit) keeps s = 1."""
+    up = p[prefix + "fc1.weight"].to(torch.float64)
+    bias = p.get(prefix + "fc1.bias")
+    bias = None if bias is None else bias.to(torch.float64)
+    down = p[prefix + "fc2.weight"].to(torch.float64)
+    up_sq = up.pow(2).sum(1) + (0.0 if bias is None else bias.pow(2))
+    down_norm = down.norm(dim=0)
+    up_norm = up_sq.sqrt()
+    live = (up_norm > 0) & (down_norm > 0)
+    s = torch.where(live, (down_norm / torch.where(live, up_norm, 1.0)).sqrt(), torch.ones_like(up_norm))
+    out = {prefix + "fc1.weight": up * s[:, None], prefix + "fc2.weight": down / s[None, :]}
+    if bias is not None:
+        out[prefix + "fc1.bias"] = bias * s
+    return out
 
 
 def to_canonical(model):
