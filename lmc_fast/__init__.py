@@ -22,6 +22,7 @@ _EXPORTS = {
     "evaluate": ".sweep",
     "interpolate": ".sweep",
     "simplex": ".sweep",
+    "plane": ".sweep",
     "align": ".match",
     "merge_many": ".match",
     "LearnedAlignment": ".match.learned_module",
@@ -32,7 +33,7 @@ _SUBMODULES = ("atomic", "callbacks", "cli", "data", "demo", "errors", "grid", "
                "match", "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train")
 
 __all__ = ["Alignment", "BarrierResult", "LearnedAlignment", "UnsupportedModelError", "align", "barrier", "evaluate",
-           "interpolate", "kernels", "merge_many", "models", "simplex", "to_canonical"]
+           "interpolate", "kernels", "merge_many", "models", "plane", "simplex", "to_canonical"]
 
 
 def __getattr__(name: str):

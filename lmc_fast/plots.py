@@ -255,6 +255,12 @@ def result_simplex(result: dict) -> dict | None:
 
 def _figures(result: dict, path: Path) -> list:
     """(kind, target path, data) of every figure a result JSON yields."""
+    if result.get("kind") == "plane":  # `lmc-fast plane`: its contour panels
+        for name, p in (result.get("planes") or {}).items():
+            _check_plane(name, p)
+        if not result.get("planes"):
+            raise ValueError("nothing to plot: the plane result holds no planes")
+        return [("plane", path, result)]
     curves, simplex = result_curves(result), result_simplex(result)
     out = []
     if curves:
@@ -277,7 +283,7 @@ def plot_result_file(result: dict, path, title: str | None = None) -> list[Path]
     "simplex" (beside the curves as NAME_simplex.png when there are both)."""
     written = []
     for kind, target, data in _figures(result, Path(path)):
-        draw = plot_curves if kind == "curves" else plot_simplex
+        draw = {"curves": plot_curves, "simplex": plot_simplex, "plane": plot_plane}[kind]
         written.append(draw(data, target, title=title))
     return written
 
@@ -414,3 +420,58 @@ def calibration_results(named_results) -> dict:
     names = [name for _, curves in per_file for name in curves]
     repeated = len(set(names)) != len(names)
     return {f"{name} ({label})" if repeated else name: c for label, curves in per_file for name, c in curves.items()}
+
+
+def _check_plane(name: str, p) -> None:
+    if not isinstance(p, dict):
+        raise ValueError(f"plane {name!r}: not an object")
+    n = len(p.get("x", ()))
+    if not (_numbers(p.get("x"), n) and _numbers(p.get("y"), len(p.get("y", ()))) and n >= 2
+            and isinstance(p.get("loss"), list) and len(p["loss"]) == len(p["y"])
+            and all(_numbers(row, n, gaps=True) for row in p["loss"])):
+        raise ValueError(f"plane {name!r}: needs x, y and an len(y) x len(x) loss grid of numbers")
+    models = p.get("models")
+    if not (isinstance(models, list) and len(models) == 3
+            and all(isinstance(m, dict) and _is_number(m.get("x")) and _is_number(m.get("y")) for m in models)):
+        raise ValueError(f"plane {name!r}: needs the three models' x and y")
+
+
+def plot_plane(result: dict, path, title: str | None = None, dpi: int = 120) -> Path:
+    """Loss contours of each plane in `result["planes"]` side by side (e.g. raw and aligned), the models
+    marked and labelled (`result["labels"]`) and the linear paths between them drawn."""
+    planes = result.get("planes") if isinstance(result, dict) else None
+    if not isinstance(planes, dict) or not planes:
+        raise ValueError("a plane result needs 'planes': {name: lf.plane(...) result}")
+    for name, p in planes.items():
+        _check_plane(name, p)
+    labels = result.get("labels") or ["A", "B", "C"]
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(planes), figsize=(5.2 * len(planes), 4.4), dpi=dpi, squeeze=False)
+    grids = {name: [[math.nan if v is None else float(v) for v in row] for row in p["loss"]]
+             for name, p in planes.items()}
+    finite = sorted(v for loss in grids.values() for row in loss for v in row if math.isfinite(v))
+    if not finite:
+        raise ValueError("plane: no finite loss to draw")
+    # one colour scale for every panel (raw and aligned compare by colour); a few huge corners would flatten the rest
+    top = finite[min(len(finite) - 1, int(0.95 * len(finite)))]
+    levels = [finite[0] + (top - finite[0]) * i / 20 for i in range(21)] if top > finite[0] else None
+    try:
+        for ax, (name, p) in zip(axes[0], planes.items()):
+            loss = grids[name]
+            cs = ax.contourf(p["x"], p["y"], [[min(v, top) for v in row] for row in loss], levels=levels,
+                             cmap="viridis")
+            fig.colorbar(cs, ax=ax, label="loss")
+            xy = [(m["x"], m["y"]) for m in p["models"]]
+            for i, j in ((0, 1), (0, 2), (1, 2)):
+                ax.plot([xy[i][0], xy[j][0]], [xy[i][1], xy[j][1]], color="white", lw=1, ls="--")
+            for (x, y), label in zip(xy, p.get("labels") or labels):
+                ax.plot([x], [y], "o", color="white", mec="black", ms=7)
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), color="white", fontsize=9)
+            ax.set_title(name)
+            ax.set_aspect("equal")
+            ax.set_xlabel("x (parameter-space distance)")
+            ax.set_ylabel("y")
+    except Exception:
+        plt.close(fig)
+        raise
+    return _finish(fig, path, title)

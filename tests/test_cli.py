@@ -230,3 +230,35 @@ def test_user_errors(runs, capsys, tmp_path):
     rc, _, err = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "al.safetensors", "--out", tmp_path / "x.json")
     check_error(rc, err, "al.safetensors")
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "x.safetensors").exists()
+
+
+def test_plane_two_and_three_models(runs, capsys, tmp_path):
+    """`lmc-fast plane`: A, B and B aligned in one panel; A, B, C raw and aligned side by side."""
+    r = runs / "runs"
+    rc, out, _ = run(capsys, "plane", r / "seed0", r / "seed1", "--n", "3", "--max-batches", "1",
+                     "--out", tmp_path / "p2.json", "--plot", tmp_path / "p2.png", "-q")
+    assert rc == 0 and "lowest on the grid" in out
+    res = json.loads((tmp_path / "p2.json").read_text())
+    assert res["kind"] == "plane" and len(res["planes"]) == 1 and res["space"] == "canonical"
+    (p,) = res["planes"].values()
+    assert len(p["loss"]) == 3 and all(len(row) == 3 for row in p["loss"])
+    check_png(tmp_path / "p2.png")
+    rc, _, _ = run(capsys, "plane", r / "seed0", r / "seed1", r / "seed2", "--n", "3", "--max-batches", "1",
+                   "--out", tmp_path / "p3.json", "--plot", tmp_path / "p3.png", "-q")
+    res = json.loads((tmp_path / "p3.json").read_text())
+    assert rc == 0 and list(res["planes"]) == ["raw", "aligned (weight)"]
+    raw, aligned = res["planes"].values()
+    # both planes hold model A at the origin with the same loss; the other models' losses are their own
+    assert raw["models"][0]["loss"] == pytest.approx(aligned["models"][0]["loss"], rel=1e-9)
+    for i in (1, 2):
+        assert raw["models"][i]["loss"] == pytest.approx(aligned["models"][i]["loss"], rel=1e-5)
+    check_png(tmp_path / "p3.png")
+    rc, out, _ = run(capsys, "plot", tmp_path / "p3.json", "--out", tmp_path / "again.png", "-q")  # re-plotted
+    assert rc == 0
+    check_png(tmp_path / "again.png")
+    for argv, needle in [(["--n", "1"], "--n must be in [2, 201]"), (["--margin", "nan"], "--margin must be")]:
+        rc, _, err = run(capsys, "plane", r / "seed0", r / "seed1", *argv, "--out", tmp_path / "bad.json", "-q")
+        check_error(rc, err, needle)
+        assert not (tmp_path / "bad.json").exists()
+    rc, _, err = run(capsys, "plane", r / "seed0", "--out", tmp_path / "bad.json", "-q")
+    check_error(rc, err, "two or three models")

@@ -51,7 +51,7 @@ if "torch" not in sys.modules:  # importing the CLI package first (the console s
     prefer_passive_openmp()
 
 # None of these imports torch (each command imports what it needs when it runs).
-from . import align, demo, grid, instability, merge, plot, sweep, train  # noqa: E402
+from . import align, demo, grid, instability, merge, plane, plot, sweep, train  # noqa: E402
 from .align import AUGMENTATIONS, align_summary_path  # noqa: E402
 from .args import (DATA_HELP, MAX_LAMBDAS, HelpFormatter, available_devices, block_size_arg,  # noqa: E402
                    common_options, device_arg, finite_positive_float, lambda_count, lambda_grid, lambda_value,
@@ -62,7 +62,7 @@ from .models import CONFIG_FROM_DATA  # noqa: E402
 from .outputs import Outputs  # noqa: E402
 
 #: the commands, in the order `lmc-fast --help` lists them
-COMMANDS = [demo, train, align, sweep, merge, plot, grid, instability]
+COMMANDS = [demo, train, align, sweep, merge, plane, plot, grid, instability]
 
 __all__ = ["AUGMENTATIONS", "CLIError", "COMMANDS", "CONFIG_FROM_DATA", "Console", "DATA_HELP", "HelpFormatter",
            "MAX_LAMBDAS", "Outputs", "PROG", "align_summary_path", "available_devices", "block_size_arg",

@@ -1,4 +1,4 @@
-"""`lmc-fast plot`: PNG from result JSONs (sweep, demo or merge); several sweeps are overlaid."""
+"""`lmc-fast plot`: PNG from result JSONs (sweep, demo, merge or plane); several sweeps are overlaid."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from .outputs import Outputs
 
 def register(subparsers, parents):
     # no shared options (no --device, --seed, --threads): plot has its own -q
-    pl = add_command(subparsers, "plot", "PNG from result JSONs (sweep, demo or merge); several sweeps are overlaid", ())
+    pl = add_command(subparsers, "plot", "PNG from result JSONs (sweep, demo, merge or plane); several sweeps are overlaid", ())
     pl.add_argument("results", nargs="+", metavar="RESULT", help="result JSON file(s)")
     pl.add_argument("--out", default=None,
                     help="PNG path (default: the JSON's name with .png, or with _calibration.png under "
@@ -25,7 +25,7 @@ def register(subparsers, parents):
 
 
 def _read_result(path: Path) -> dict:
-    """A result JSON written by this CLI (sweep, demo, merge), or a CLIError naming the file."""
+    """A result JSON written by this CLI (sweep, demo, merge, plane), or a CLIError naming the file."""
     if not path.is_file():
         raise CLIError(f"{path}: no such file")
     try:
@@ -35,7 +35,7 @@ def _read_result(path: Path) -> dict:
     except RecursionError:
         raise CLIError(f"{path}: not a JSON result (nested too deeply to read)") from None
     if not isinstance(result, dict):
-        raise CLIError(f"{path}: not a JSON result object (a sweep, demo or merge result)")
+        raise CLIError(f"{path}: not a JSON result object (a sweep, demo, merge or plane result)")
     return result
 
 
