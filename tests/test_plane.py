@@ -100,3 +100,28 @@ def test_degenerate_planes_are_refused():
     with pytest.raises(ValueError, match="lies on the line"):
         lf.plane([a, b, mid], _data("vit"), space="raw")
     assert plane_basis([standard_params(m)[1] for m in (a, b, make_model("vit", seed=3))])["norm_v"] > 0
+
+
+def test_the_aligned_path_of_a_planted_pair_is_flat():
+    """A planted pair: B = g . A', where A' is A with its key biases moved (the same function, another
+    point) and g a random permutation of the raw group. Permutation matching recovers g, so on the plane
+    through A, B aligned and an independent C the path A -> B aligned (the x axis) is flat; through A, B
+    and C raw it is not."""
+    from lmc_fast.symmetry import Alignment, permutation_spec
+
+    a = make_model("gpt2", seed=1)
+    arch, _ = standard_params(a)
+    b = Alignment.random(permutation_spec(arch), seed=4).apply(_with_key_bias_shift(a, 2))
+    c = make_model("gpt2", seed=5)
+    al = lf.align(a, b, "permutation")
+    data = _data("gpt2")
+    aligned = lf.plane([a, al.apply(b), c], data, n=9, margin=0.0, space="raw")
+    raw = lf.plane([a, b, c], data, n=9, margin=0.0, space="raw")
+    own = aligned["models"][0]["loss"]
+    for plane, flat in ((aligned, True), (raw, False)):
+        assert plane["y"][0] == 0.0
+        end = plane["models"][1]["x"]
+        on_path = [v for x, v in zip(plane["x"], plane["loss"][0]) if 0.0 <= x <= end]
+        assert len(on_path) >= 5
+        bump = max(abs(v - own) for v in on_path)
+        assert (bump < 1e-9) if flat else (bump > 1e-3), bump
