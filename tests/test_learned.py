@@ -159,6 +159,10 @@ def test_learn_residual_only_keeps_other_groups_at_their_init():
         assert torch.equal(al[name]["perm"], init[name]["perm"]), name
         if group.kind == "heads":
             assert torch.allclose(al[name]["qk"], init[name]["qk"], atol=1e-5), name
+    moved = al.info["moved"]  # the way travelled: only the residual's rotation may move
+    assert set(moved) == {"residual", "mlp", "heads"} and moved["residual"]["matrix"] >= 0
+    assert moved["mlp"]["perm"] == moved["heads"]["perm"] == 0.0 and moved["heads"]["qk"] < 1e-5
+    assert moved == lf.match.learned_module.moved_from(al, init)
     with pytest.raises(ValueError, match="learn must be one of"):
         lf.align(a, b, "learned", data=data, steps=1, init=init, learn="nothing")
 

@@ -113,7 +113,7 @@ def test_learn_modes_select_latents_by_kind_tags_on_every_family():
     for kind in ("hf_bert", "llama", "neox"):
         a, b = make_model(kind, seed=1), make_model(kind, seed=2)
         trains = {}
-        for mode in ("all", "continuous", "permutations", "residual"):
+        for mode in ("all", "continuous", "permutations", "residual", "heads", "mlp", "no_residual"):
             la = lf.LearnedAlignment(a, b, init="identity", learn=mode)
             trains[mode] = {n.split(".", 3)[3] for n, p in la.named_parameters() if p.requires_grad}
         everything = trains["all"]
@@ -121,5 +121,8 @@ def test_learn_modes_select_latents_by_kind_tags_on_every_family():
         assert not trains["permutations"] & trains["continuous"]
         assert all(n.endswith(("perm", "qperm")) for n in trains["permutations"])
         assert trains["residual"] == {n for n in everything if n.startswith("residual.")}
+        assert trains["no_residual"] == everything - trains["residual"]
+        assert trains["heads"] == {n for n in everything if n.startswith("heads.")} and trains["heads"]
+        assert trains["mlp"] == {n for n in everything if n.startswith("mlp.")} == {"mlp.perm"}
         if kind == "hf_bert":  # post-norm: the residual is a permutation; the masked-LM transform units too
             assert {"residual.perm", "head_transform.perm"} <= trains["permutations"]

@@ -141,3 +141,31 @@ def test_apply_to_mismatched_model_names_the_problem():
     narrow = make_model("vit", d_mlp=40)  # narrower MLP only: zero-padded, then aligned
     x = make_inputs("vit")
     assert rel_err(logits(a.apply(narrow), x), logits(narrow, x)) < 1e-9
+
+
+def test_alignment_distance_counts_reassigned_units_and_relative_map_change():
+    import math
+
+    from lmc_fast.symmetry import Alignment, canonical_spec
+    from lmc_fast.models.adapters import standard_params
+    from zoo import make_model
+
+    spec = canonical_spec(standard_params(make_model("vit"))[0])
+    start = Alignment.identity(spec)
+    assert all(v == 0.0 for d in start.distance(start).values() for v in d.values())
+    moved = Alignment.random(spec, seed=1)
+    d = moved.distance(start)
+    for name, group in spec.groups.items():
+        el = moved.elements[name]
+        if "perm" in el:
+            want = float((el["perm"] != torch.arange(len(el["perm"]))).double().mean())
+            assert d[name]["perm"] == want
+        for key in ("matrix", "qk", "vo"):
+            if key in el:
+                eye = start.elements[name][key]
+                assert math.isclose(d[name][key], float((el[key] - eye).norm() / eye.norm()), rel_tol=1e-12)
+    swapped = Alignment(spec, {n: dict(e) for n, e in start.elements.items()})
+    perm = torch.arange(spec.groups["mlp.0"].size)
+    perm[[0, 1]] = perm[[1, 0]]
+    swapped.elements["mlp.0"] = {"perm": perm}
+    assert swapped.distance(start)["mlp.0"]["perm"] == 2 / len(perm)

@@ -25,7 +25,7 @@ from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment
 from . import learned_checkpoint
 from .options import LAMBDA_MODES, PRESET_NAMES, TARGETS, check_option, check_options
-from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment
+from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment, moved_from
 from .learned_module import mix as _mix  # noqa: F401 - the old private name
 
 
@@ -395,4 +395,7 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
                                 checkpoint_every=checkpoint_every)
     info["init"] = start_name or ("weight" if init is None else init.info.get("method", "weight"))
     info["preset"], info["val_fraction"], info["end_models_training_loss"] = preset, o["val_fraction"], training_loss
-    return exact_alignment(module.spec, hard[0], info)
+    al = exact_alignment(module.spec, hard[0], info)
+    # the way travelled from the start: the fraction of units reassigned, the maps' relative change
+    al.info["moved"] = moved_from(al, Alignment(module.spec, module.init_elements[0]))
+    return al

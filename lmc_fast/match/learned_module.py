@@ -36,6 +36,17 @@ def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
     return out
 
 
+def moved_from(al: Alignment, start: Alignment) -> dict:
+    """How far `al` moved from `start`, per family of groups (the residual, "mlp", "heads", ...: the
+    groups' name prefix) and element key, averaged over the family's layers (see `Alignment.distance`)."""
+    sums: dict = {}
+    for name, keys in al.distance(start).items():
+        family = sums.setdefault(name.split(".")[0], {})
+        for key, value in keys.items():
+            family.setdefault(key, []).append(value)
+    return {f: {k: sum(v) / len(v) for k, v in keys.items()} for f, keys in sums.items()}
+
+
 def exact_alignment(spec, hard: dict, info: dict) -> Alignment:
     """The learned elements moved onto their groups in float64: the projections are only
     float32-accurate, and an alignment must pass validation (1e-10) and compose exactly. Validated here:
@@ -62,6 +73,7 @@ class MixedAlignments(torch.nn.Module):
         for n, p in enumerate(params_list):
             for i, k in enumerate(self._names):
                 self.register_buffer(f"fixed{n}_{i}", p[k].to(device=device, dtype=dtype), persistent=False)
+        self.init_elements = init_elements  # where the latents started (`moved_from` reports the way travelled)
         self.latents = torch.nn.ModuleList([Latents(spec, el, dtype).to(device) for el in init_elements])
         for lat in self.latents:  # the latents `learn` leaves out stay at their initial solution
             for block_name, block in lat.blocks.items():
@@ -125,7 +137,7 @@ class LearnedAlignment(MixedAlignments):
     "identity", or an Alignment in canonical space). `forward(inputs, lam)` runs the model
     (1 - lam) theta_A + lam g . theta_B (lam a number: logits of that model; K numbers: logits
     with a leading K axis); `alignment()` returns the hard Alignment, which `apply(model_b)`
-    like any other. `learn` ("all" | "continuous" | "residual" | "permutations") picks the latents
+    like any other. `learn` ("all" | "continuous" | "residual" | "permutations" | "heads" | "mlp" | "no_residual") picks the latents
     that train.
     The two models are read once, here; they are neither trained nor held as submodules."""
 

@@ -17,7 +17,9 @@ ORDERS = ("structured", "random")
 WEIGHTINGS = ("sum", "per_tensor")
 LAMBDA_MODES = ("narrow", "uniform", "fixed")
 TARGETS = ("labels", "endpoints")
-LEARN_MODES = ("all", "continuous", "residual", "permutations")
+#: which latents learned matching trains: every one; the maps (residual rotation, per-head maps); the
+#: residual's alone; the permutations; one family of groups (the heads, the MLP units); all but the residual
+LEARN_MODES = ("all", "continuous", "residual", "permutations", "heads", "mlp", "no_residual")
 PRESET_NAMES = ("default", "paper", "distill")
 #: most steps / iterations one run takes (past this it is a typo, and a grid would run for weeks)
 MAX_STEPS = 10_000_000

@@ -18,8 +18,17 @@ from ..symmetry.spec import Group, Spec
 from .kinds import batches
 from .kinds.base import newton_schulz_polar, one_hot, permutation_ste, polar_ste  # noqa: F401  (the projections)
 
-#: latent tags each `learn` mode trains (None: all); "residual" trains the residual group's latent
-LEARN_TAGS = {"all": None, "continuous": "continuous", "permutations": "permutation", "residual": "residual"}
+#: what each `learn` mode trains: latents by tag ("continuous" | "permutation"), by role ("residual",
+#: "no_residual"), or by the family of groups a block holds ("heads", "mlp": its groups' name prefix)
+LEARN_SELECTORS = {
+    "all": lambda block, role, tag: True,
+    "continuous": lambda block, role, tag: tag == "continuous",
+    "permutations": lambda block, role, tag: tag == "permutation",
+    "residual": lambda block, role, tag: role == "residual",
+    "no_residual": lambda block, role, tag: role != "residual",
+    "heads": lambda block, role, tag: block.rstrip("0123456789") == "heads",
+    "mlp": lambda block, role, tag: block.rstrip("0123456789") == "mlp",
+}
 
 
 def _block_name(names: list[str], taken: set) -> str:
@@ -46,12 +55,7 @@ class Latents(torch.nn.Module):
 
     def trains(self, learn: str, block: str, param: str) -> bool:
         """Whether mode `learn` trains latent `param` of `block`."""
-        tag = LEARN_TAGS[learn]
-        if tag is None:
-            return True
-        if tag == "residual":
-            return self.roles[block] == "residual"
-        return self.blocks[block].tags()[param] == tag
+        return LEARN_SELECTORS[learn](block, self.roles[block], self.blocks[block].tags()[param])
 
     def warm_parts(self) -> dict:
         """{block.part: (warm-start prices dict, the latent (B, n, n) it prices)} (learned checkpoints)."""

@@ -132,6 +132,27 @@ class Alignment:
         return Alignment(self.spec, {n: E.compose(g, self.elements[n], other.elements[n])
                                      for n, g in self.spec.groups.items()})
 
+    def distance(self, start: "Alignment") -> dict:
+        """How far each element moved from `start`'s (e.g. learned matching from its weight-matching
+        init): {group: {key: value}}, permutations as the fraction of entries reassigned, maps as the
+        relative Frobenius distance ||M - M_start||_F / ||M_start||_F (float64)."""
+        if set(start.spec.groups) != set(self.spec.groups) or start.spec.space != self.spec.space:
+            raise ValueError("distance: the alignments act on different groups or spaces")
+        out = {}
+        for n in self.spec.groups:
+            out[n] = {}
+            for key, t in self.elements[n].items():
+                ref = start.elements[n].get(key)
+                if ref is None or ref.shape != t.shape:
+                    raise ValueError(f"distance: group {n!r} {key!r} has shape {tuple(t.shape)} here, "
+                                     f"{None if ref is None else tuple(ref.shape)} in start")
+                if t.is_floating_point():
+                    a, b = t.to(torch.float64), ref.to(torch.float64)
+                    out[n][key] = float((a - b).norm() / b.norm().clamp_min(1e-300))
+                else:
+                    out[n][key] = float((t != ref).double().mean()) if t.numel() else 0.0
+        return out
+
     # -------------------------------------------------------------- files
     def save(self, path: str | os.PathLike):
         """safetensors file with a JSON header; written atomically (no half-written file). An element that
