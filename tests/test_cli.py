@@ -95,6 +95,15 @@ def test_align_sweep_plot(runs, capsys, tmp_path):
     assert curve["barrier"] == pytest.approx(max(curve["signed"]))
     check_png(tmp_path / "w_sweep.png")
 
+    rc, _, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--align", tmp_path / "w.safetensors", "--lambdas",
+                   "adaptive", "--out", tmp_path / "adaptive.json", "-q")
+    adaptive = json.loads((tmp_path / "adaptive.json").read_text())["results"]["weight"]
+    assert rc == 0 and adaptive["adaptive"]["evaluations"] == len(adaptive["lambdas"]) <= 25
+    assert abs(adaptive["barrier"] - curve["barrier"]) < 0.05  # the 5-point curve above is coarse
+    rc, _, err = run(capsys, "sweep", r / "seed0", r / "seed1", "--lambdas", "adaptive", "5", "--out",
+                     tmp_path / "bad.json", "-q")
+    check_error(rc, err, "stands alone")
+
     rc, _, _ = run(capsys, "sweep", r / "seed0", r / "seed1", "--lambdas", "0", "0.5", "1", "--max-batches", "1",
                    "--batch-size", "64", "--out", tmp_path / "raw.json", "-q")
     raw = json.loads((tmp_path / "raw.json").read_text())

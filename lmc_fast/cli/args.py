@@ -54,13 +54,15 @@ def finite_positive_float(text: str) -> float:
     return value
 
 
-def lambda_value(text: str) -> float:
-    """One --lambdas entry: a count (integer 2..MAX_LAMBDAS) or a value in [0, 1]."""
+def lambda_value(text: str):
+    """One --lambdas entry: a count (integer 2..MAX_LAMBDAS), a value in [0, 1] or "adaptive"."""
+    if text.strip().lower() == "adaptive":
+        return "adaptive"
     value = _finite(text)
     if 0.0 <= value <= 1.0 or (value.is_integer() and 2 <= value <= MAX_LAMBDAS):
         return value
-    raise argparse.ArgumentTypeError(f"{text!r} is neither a count (an integer from 2 to {MAX_LAMBDAS}) "
-                                     "nor a value in [0, 1]")
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a count (an integer from 2 to {MAX_LAMBDAS}), "
+                                     "a value in [0, 1] nor 'adaptive'")
 
 
 def device_arg(text: str) -> str:
@@ -90,7 +92,11 @@ def available_devices() -> list[str]:
 
 
 def lambda_grid(values: list[float]):
-    """--lambdas values -> a count (one value) or the explicit list (several values in [0, 1])."""
+    """--lambdas values -> a count (one value), the explicit list (several values in [0, 1]) or "adaptive"."""
+    if "adaptive" in values:
+        if len(values) > 1:
+            raise CLIError("--lambdas adaptive stands alone (it chooses its own points)")
+        return "adaptive"
     values = [float(v) for v in values]
     if len(values) == 1:
         value = values[0]

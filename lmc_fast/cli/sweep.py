@@ -19,7 +19,8 @@ def register(subparsers, parents):
     s.add_argument("--space", choices=["canonical", "raw"], default=None,
                    help="interpolation space (default: the alignment's; raw without --align)")
     s.add_argument("--lambdas", type=lambda_value, nargs="+", default=[25],
-                   help=f"a count (2 to {MAX_LAMBDAS}; default 25) or several explicit values in [0, 1]")
+                   help=f"a count (2 to {MAX_LAMBDAS}; default 25), several explicit values in [0, 1], or adaptive "
+                        "(a coarse grid refined at the peak until it rises by less than 1e-3)")
     s.add_argument("--split", choices=["test", "train"], default="test", help="data split to evaluate on")
     s.add_argument("--engine", choices=["fused", "loop"], default="fused", help="sweep engine")
     s.add_argument("--max-tokens", type=positive_int, default=None,

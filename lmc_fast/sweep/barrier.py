@@ -46,6 +46,8 @@ class BarrierResult:
     # per lambda the reliability diagram of the ECE bins: {"conf", "acc", "n"} (15 bins each;
     # conf/acc None for an empty bin); None for results made before it was recorded
     reliability: list[dict] | None = None
+    # lambdas="adaptive": evaluations, rounds, peak_resolved, tol (None for a fixed grid)
+    adaptive: dict | None = None
 
     @property
     def loss_barrier(self) -> float:
@@ -76,7 +78,8 @@ def lambda_grid(lambdas) -> list[float]:
             raise ValueError(f"lambdas as a count must be an int in [2, {MAX_LAMBDAS}] (both ends included), got {count}")
         return [i / (count - 1) for i in range(count)]
     if isinstance(lambdas, (str, bytes, bool, numbers.Number)) or not hasattr(lambdas, "__len__"):
-        raise ValueError(f"lambdas must be a count (an int >= 2) or a list of values in [0, 1], got {lambdas!r}")
+        raise ValueError(f"lambdas must be a count (an int >= 2), a list of values in [0, 1] or 'adaptive', "
+                         f"got {lambdas!r}")
     if not 1 <= len(lambdas) <= MAX_LAMBDAS:
         raise ValueError(f"lambdas must list between 1 and {MAX_LAMBDAS} values, got {len(lambdas)}")
     grid = []
@@ -101,6 +104,10 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
             progress: bool = False, distributed: bool | None = None,
             max_memory: int | None = None, checkpoint=None, checkpoint_every: int = 16) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
+
+    `lambdas`: a count (evenly spaced, ends included), explicit values in [0, 1], or "adaptive"
+    (`sweep.adaptive.Adaptive` for other settings): a coarse grid refined at the peak until it stops
+    rising by `tol`, far fewer points than a grid of the same resolution (`res.adaptive` counts them).
 
     `space="canonical"` (default) interpolates canonical forms (aligned models pass through);
     `space="raw"` interpolates the parameters as they are (the "no alignment" baseline).
@@ -135,17 +142,29 @@ def barrier_with(model_a, model_b, data, lambdas, space: str, options: EvalOptio
     `options.dtype` / `options.device` default to model_a's; `input_spec` to model_a's inputs."""
     import time
 
+    from .adaptive import adaptive_points, as_adaptive
+
     t0 = time.perf_counter()
-    lams = lambda_grid(lambdas)
+    adaptive = as_adaptive(lambdas)
+    lams = None if adaptive is not None else lambda_grid(lambdas)
     data = reiterable(data)
     arch, params = models_params([model_a, model_b], space)
-    evals = sorted(set(lams) | {0.0, 1.0})
+    evals = None if lams is None else sorted(set(lams) | {0.0, 1.0})
     p0 = next(model_a.parameters())
     options = options.replace(dtype=options.dtype or p0.dtype, device=options.device or p0.device,
                               input_spec=options.input_spec or spec_from_model(model_a))
-    results = evaluate_mixtures(arch, params, [[1.0 - l, l] for l in evals], data, options, template=model_a)
     engine = "loop" if options.engine == "per_point" else "fused"
-    return barrier_result(lams, dict(zip(evals, results)), space, engine, time.perf_counter() - t0)
+
+    def measure(points: list) -> dict:
+        rows = evaluate_mixtures(arch, params, [[1.0 - l, l] for l in points], data, options, template=model_a)
+        return dict(zip(points, rows))
+
+    if adaptive is not None:  # a coarse grid, then one point a round at the peak (sweep/adaptive.py)
+        by_lam, info = adaptive_points(measure, adaptive)
+        res = barrier_result(sorted(by_lam), by_lam, space, engine, time.perf_counter() - t0)
+        res.adaptive = info
+        return res
+    return barrier_result(lams, measure(evals), space, engine, time.perf_counter() - t0)
 
 
 def barrier_result(lams: list[float], by_lam: dict, space: str, engine: str, seconds: float) -> BarrierResult:
