@@ -81,3 +81,19 @@ def test_tampered_sweep_record_is_recomputed(tmp_path, case):
     # the recomputed record replaced the damaged one, and is trusted as it stands
     again = lf.barrier(a, b, data, 3, max_tokens=64, checkpoint=folder)
     assert again.loss == clean.loss
+
+
+@pytest.mark.parametrize("foreign", [b"my notes\n", b'{"results": [1, 2, 3]}', b"\xff\xfe\x00binary", b"[]"])
+def test_a_foreign_file_at_a_record_name_is_refused_and_kept(tmp_path, foreign):
+    """A file at a record's name that no sweep wrote (the user's) is neither trusted nor replaced: one
+    line naming it, and its bytes stay as they were."""
+    a, b = make_model("vit", seed=1), make_model("vit", seed=2)
+    data = _data()
+    folder = tmp_path / "records"
+    lf.barrier(a, b, data, 3, max_tokens=64, checkpoint=folder)
+    (path,) = folder.glob("*.json")
+    path.write_bytes(foreign)
+    with pytest.raises(ValueError, match="not a sweep record") as info:
+        lf.barrier(a, b, data, 3, max_tokens=64, checkpoint=folder)
+    assert path.name in str(info.value) and "\n" not in str(info.value)
+    assert path.read_bytes() == foreign

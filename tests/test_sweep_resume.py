@@ -117,9 +117,15 @@ def test_changed_data_or_lambdas_do_not_reuse_records(tmp_path, embeds):
     rows = evaluate_mixtures(arch, params, W2, data, options(folder))
     assert embeds[0] == 12
     same(rows, evaluate_mixtures(arch, params, W2, data, options()), tol=0.0)
-    # a damaged record is not trusted either
+    # a file that is no record at all is refused and kept (it may be the user's), not overwritten
     for p in folder.glob("*.json"):
         p.write_text("{not json")
+    with pytest.raises(ValueError, match="not a sweep record"):
+        evaluate_mixtures(arch, params, W2, data, options(folder))
+    assert all(p.read_text() == "{not json" for p in folder.glob("*.json"))
+    # a record of this sweep that fails validation is not trusted either: recomputed
+    for p in folder.glob("*.json"):
+        p.write_text(json.dumps({"format": 1, "key": p.stem, "batches": "many"}))
     with pytest.warns(UserWarning, match="not a record"):
         rows = evaluate_mixtures(arch, params, W2, data, options(folder))
     same(rows, evaluate_mixtures(arch, params, W2, data, options()), tol=0.0)

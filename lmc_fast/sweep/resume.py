@@ -13,7 +13,8 @@ nothing) and trusts the record only if the hash of what it read matches; a finis
 read back the same way. A record that does not match (other data, fewer or more batches, a
 damaged file, sums of another layout, or sums no MetricSums could hold: `BlockCheckpoint._check`
 validates every field) is discarded with a warning and the block recomputed: a record is never
-trusted for inputs it was not made from, nor half-used.
+trusted for inputs it was not made from, nor half-used. A file at a record's name that no sweep
+wrote (not a JSON object with the record's format and key) is refused in one line, never replaced.
 """
 from __future__ import annotations
 
@@ -198,14 +199,22 @@ class BlockCheckpoint:
 
     def _read(self) -> dict | None:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as exc:
             warnings.warn(f"{self.path}: unreadable sweep record ({exc}); recomputing the block", stacklevel=4)
             return None
         try:
-            record = self._check(json.loads(text))
+            parsed = json.loads(raw.decode("utf-8"))
+        except ValueError:  # not UTF-8, or not JSON
+            parsed = None
+        if not (isinstance(parsed, dict) and "format" in parsed and "key" in parsed):
+            # not something a sweep writes: a file of the user's that happens to carry a record's name
+            raise ValueError(f"{self.path}: not a sweep record (this sweep would overwrite it); move it away "
+                             "or choose another checkpoint folder")
+        try:
+            record = self._check(parsed)
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, OverflowError) as exc:
             warnings.warn(f"{self.path}: not a record of this block ({exc}); recomputing the block", stacklevel=4)
             return None
