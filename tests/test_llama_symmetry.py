@@ -368,3 +368,17 @@ def test_align_brings_back_a_scaled_and_permuted_model_through_the_api(kind):
     data = [(make_inputs(kind, seed=s), None) for s in range(2)]
     data = [(x, x) for x, _ in data]
     assert lf.barrier(a, al.apply(b), data, lambdas=3).barrier < 1e-9
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3], ids=IDS[:3])
+def test_residual_only_activation_matching_recovers_a_planted_symmetry(config):
+    """The residual from the stream's activations alone, every other group by weight matching given
+    it: a planted B = g . A comes back exactly, as with full activation statistics."""
+    arch = llama_arch(*config)
+    spec = canonical_spec(arch)
+    pa, pb, want = _planted(arch, spec)
+    gen = torch.Generator().manual_seed(7)
+    data = [(torch.randint(0, VOCAB, (8, 16), generator=gen), None) for _ in range(3)]
+    found, info = activation_matching(spec, pa, pb, data, residual_only=True)
+    assert info["residual_only"]
+    _assert_recovered(spec, pa, pb, found, want)

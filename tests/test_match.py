@@ -62,10 +62,12 @@ def test_permutation_method_recovers_planted_permutation(kind):
 
 @pytest.mark.parametrize("kind", ["vit", "gpt2", "hf_gpt2", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "bert", "hf_bert_cls",
                                   "hf_neox_seq"])
-def test_activation_matching_recovers_planted_symmetry(kind):
+@pytest.mark.parametrize("residual_only", [False, True])
+def test_activation_matching_recovers_planted_symmetry(kind, residual_only):
+    """Full activation statistics, and the residual's alone with weight matching for the rest."""
     a, b, _ = planted(kind, canonical_spec, seed=24)
     data = [(make_inputs(kind, seed=s, batch=16), None) for s in range(4)]
-    al = lf.align(a, b, "activation", data=data)
+    al = lf.align(a, b, "activation", data=data, residual_only=residual_only)
     aligned = al.apply(b)
     assert param_rel_err(aligned, lf.to_canonical(a)) < 1e-4
     assert rel_err(logits(aligned, make_inputs(kind)), logits(a, make_inputs(kind))) < 1e-5

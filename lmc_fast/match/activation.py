@@ -26,13 +26,14 @@ from .kinds import matcher_of, solve_groups
 class CrossStats:
     """Running sums, per group, of its matcher's statistic over the batches' activations."""
 
-    def __init__(self, spec: Spec):
-        self.spec = spec
+    def __init__(self, spec: Spec, names=None):
+        self.spec, self.names = spec, list(spec.groups) if names is None else list(names)
         self.sums: dict = {}
         self.tokens = 0
 
     def update(self, rec_a: dict, rec_b: dict):
-        for name, group in self.spec.groups.items():
+        for name in self.names:
+            group = self.spec.groups[name]
             term = matcher_of(group).activation_term(group, rec_a, rec_b)
             self.sums[name] = term if name not in self.sums else _add(self.sums[name], term)
         self.tokens += next(iter(rec_a.values())).shape[1:-1].numel()
@@ -45,8 +46,10 @@ def _add(total, term):
 
 
 @torch.no_grad()
-def collect_stats(spec: Spec, pa: dict, pb: dict, data, max_batches: int | None = None, progress=None) -> CrossStats:
-    stats = CrossStats(spec)
+def collect_stats(spec: Spec, pa: dict, pb: dict, data, max_batches: int | None = None, progress=None,
+                  names=None) -> CrossStats:
+    """Each named group's statistic (default: every group) summed over the batches."""
+    stats = CrossStats(spec, names)
     pa1 = {k: v.unsqueeze(0) for k, v in pa.items()}
     pb1 = {k: v.unsqueeze(0) for k, v in pb.items()}
     first = next(iter(pa.values()))
@@ -66,20 +69,36 @@ def collect_stats(spec: Spec, pa: dict, pb: dict, data, max_batches: int | None 
     return stats
 
 
-def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: int | None = None, progress=None):
-    """Elements mapping B onto A from activation cross-covariances on `data`, and info."""
+def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: int | None = None, progress=None,
+                        residual_only: bool = False):
+    """Elements mapping B onto A from activation cross-covariances on `data`, and info.
+
+    `residual_only`: the statistics of the residual stream alone (the stream's rotation from one
+    Procrustes of A's and B's normalised states); every other group then by weight matching given it,
+    exactly, since the layer groups are independent once the residual is fixed: the cheap residual
+    alignment (no head or MLP statistics), with the weights deciding the rest."""
     if spec.space != "canonical":
         raise ValueError("activation matching works on the canonical spec")
     t0 = time.perf_counter()
-    stats = collect_stats(spec, pa, pb, data, max_batches, progress)
+    names = [spec.residual] if residual_only and spec.residual is not None else list(spec.groups)
+    stats = collect_stats(spec, pa, pb, data, max_batches, progress, names)
     elements = {}
-    solve_groups(spec, list(spec.groups), stats.sums, elements)
+    solve_groups(spec, names, stats.sums, elements)
+    if residual_only:
+        from ..symmetry.elements import apply_spec, identity
+        from .weight import _solve_local
+
+        local = [n for n in spec.groups if n not in names]
+        elements.update({n: identity(spec.groups[n], next(iter(pa.values())).dtype) for n in local})
+        _solve_local(spec, pa, apply_spec(spec, pb, elements, skip=set(local)), elements, local)
     info = {"method": "activation", "tokens": stats.tokens, "seconds": time.perf_counter() - t0}
+    if residual_only:
+        info["residual_only"] = True
     return elements, info
 
 
 def align_by_activations(model_a, model_b, data, *, dtype=None, progress: bool = False,
-                         max_batches: int | None = None):
+                         max_batches: int | None = None, residual_only: bool = False):
     """Method "activation" on two models: both canonical models run on `data` (checked as
     `lf.barrier` checks its batches)."""
     from ..sweep.batches import Checked
@@ -90,7 +109,8 @@ def align_by_activations(model_a, model_b, data, *, dtype=None, progress: bool =
     spec, pa, pb = params_pair(model_a, model_b, "canonical", dtype=dtype)
     bar = progress_bar(progress, "activation statistics")
     batches = Checked(data, spec_from_params(spec.arch, pa))
-    elements, info = activation_matching(spec, pa, pb, batches, max_batches=max_batches, progress=bar)
+    elements, info = activation_matching(spec, pa, pb, batches, max_batches=max_batches, progress=bar,
+                                         residual_only=residual_only)
     if bar is not None:
         bar.close()
     return solved_alignment(spec, elements, info, dtype)

@@ -69,7 +69,7 @@ _ALL = (
     Method("weight", False, "canonical", "weight matching over every Transformer symmetry group",
            _SOLVER + ("token_counts",), ("progress", "dtype"), weight.align_by_weights, weight.weight_matching),
     Method("activation", True, "canonical", "the same solvers on activation cross-covariances over data",
-           ("max_batches",), ("progress", "dtype"), activation.align_by_activations),
+           ("max_batches", "residual_only"), ("progress", "dtype"), activation.align_by_activations),
     Method("learned", True, "canonical", "straight-through optimisation of the alignment on midpoint loss",
            _LEARNED, ("progress", "init", "device", "checkpoint", "checkpoint_every"), learned.learned_matching),
 )

@@ -96,6 +96,7 @@ CHECKS = {
     "order": _choice(ORDERS),
     "weighting": _choice(WEIGHTINGS, none=True),
     "heads": lambda name, v: v if v is None else _bool(name, v),
+    "residual_only": _bool,
     "max_batches": _int(1, none=True),
     "preset": _choice(PRESET_NAMES),
     "steps": _int(1, none=True),
