@@ -77,6 +77,11 @@ def test_align_sweep_plot(runs, capsys, tmp_path):
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "activation", "--max-batches", "2",
                      "--out", tmp_path / "act.safetensors", "-q")  # data from the checkpoint's metadata
     assert rc == 0 and (tmp_path / "act.safetensors").is_file()
+    rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "activation", "--residual-only",
+                     "--max-batches", "1", "--out", tmp_path / "res.safetensors", "-q")
+    assert rc == 0 and json.loads((tmp_path / "res.align.json").read_text())["info"]["residual_only"] is True
+    rc, _, err = run(capsys, "align", r / "seed0", r / "seed1", "--residual-only", "--out", tmp_path / "no.safetensors")
+    check_error(rc, err, "--residual-only is an option of --method activation, not weight")
     rc, out, _ = run(capsys, "align", r / "seed0", r / "seed1", "--method", "learned", "--steps", "4", "--max-batches", "3",
                      "--target", "endpoints", "--augment", "mixup", "--lam", "uniform", "--out", tmp_path / "l.safetensors", "-q")
     learned = json.loads((tmp_path / "l.align.json").read_text())["info"]

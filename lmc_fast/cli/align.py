@@ -39,6 +39,9 @@ def register(subparsers, parents):
     a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default=None,
                    help="learned matching: input augmentation (mixup needs --target endpoints; images only; "
                         "auto: mixup for images with --target endpoints; default: the preset's, paper none, distill auto)")
+    a.add_argument("--residual-only", action="store_true",
+                   help="activation matching: the residual stream's rotation from its activations alone, every "
+                        "other group by weight matching given it (cheap: no head or MLP statistics; default: off)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
     data_options(a, "training batch size for activation / learned matching (default 64)")
 
@@ -56,6 +59,8 @@ def run(args, con: Console) -> int:
     from ..io import write_json
 
     out = Path(args.out)
+    if args.residual_only and args.method != "activation":
+        raise CLIError(f"--residual-only is an option of --method activation, not {args.method}")
     if out.suffix != ".safetensors":
         raise CLIError(f"--out must end in .safetensors, got {out}")
     summary = align_summary_path(out)
@@ -71,6 +76,7 @@ def run(args, con: Console) -> int:
         kw["data"] = batches(train_ds, args.batch_size or 64, True, args.max_batches, args.device)
         if args.method == "activation":
             kw["max_batches"] = args.max_batches
+            kw["residual_only"] = args.residual_only
         else:
             kw.update(preset=args.preset, steps=args.steps, lr=args.lr, lam=args.lam, target=args.target,
                       temperature=args.temperature)
