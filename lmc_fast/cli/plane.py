@@ -23,7 +23,7 @@ def register(subparsers, parents):
                    help="grid beyond the models, as a fraction of their span (default 0.2)")
     p.add_argument("--split", choices=["test", "train"], default="test", help="data split to evaluate on")
     p.add_argument("--out", required=True, help="result JSON")
-    p.add_argument("--plot", default=None, help="also write the contour plot (.png, .pdf or .svg)")
+    p.add_argument("--plot", default=None, help="also write the contour plot (.png, .pdf or .svg; default: no plot)")
     data_options(p, "evaluation batch size (default 256)")
 
 
