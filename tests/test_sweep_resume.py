@@ -175,11 +175,11 @@ from lmc_fast.models import functional as Fn
 from lmc_fast.sweep.evaluate import evaluate_mixtures
 from test_sweep_resume import options, sweep_inputs
 
-real = Fn.embed
+real = Fn.embed_sum  # what the batched engine calls once per batch
 def slow(*a, **k):
     time.sleep(0.02)  # a slow sweep, so the kill lands mid-data
     return real(*a, **k)
-Fn.embed = slow
+Fn.embed_sum = slow
 arch, params, W, data = sweep_inputs(n_batches=120, batch=2)
 evaluate_mixtures(arch, params, W, data, options({folder!r}, checkpoint_every=5))
 print("finished", flush=True)
