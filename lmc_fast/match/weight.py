@@ -25,7 +25,7 @@ from . import solve
 from .kinds import matcher_of, solve_groups
 
 
-def _solve_local(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False,
+def solve_layer_groups(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False,
                  warm: dict | None = None):
     """Solve the given layer-local groups given B with the residual element applied, each run of one
     kind and shape in one batched call (its matcher's). With `freeze_perms`, permutations stay and
@@ -83,7 +83,7 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
     for polished in range(1, polish_iter + 1):
         before = {n: dict(e) for n, e in elements.items()}
         if heads:
-            _solve_local(spec, pa, apply_spec(spec, pb_moving, elements, skip=set(local)), elements, heads,
+            solve_layer_groups(spec, pa, apply_spec(spec, pb_moving, elements, skip=set(local)), elements, heads,
                          freeze_perms=True)
         pb_other = apply_spec(spec, pb_moving, elements, skip={spec.residual})
         C = C_fixed + solve.correlation(moving_res, pa, pb_other) if moving_res.axes else C_fixed
@@ -239,7 +239,7 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
     for it in range(1, max_iter + 1):
         if order == "structured":
             pb_r = apply_spec(spec, pb, elements, skip=set(local))
-            _solve_local(spec, pa, pb_r, elements, local, warm=warm)
+            solve_layer_groups(spec, pa, pb_r, elements, local, warm=warm)
             if spec.residual is not None:
                 value = _residual_step(spec, pa, pb, elements, rest, warm)
             else:
