@@ -9,7 +9,7 @@ from lmc_fast.match.projection import Latents, apply_dense, newton_schulz_polar,
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec
 from lmc_fast.symmetry.elements import apply_spec
-from zoo import logits, make_inputs, make_model, rel_err
+from zoo import learned_lowers_a_planted_barrier, logits, make_inputs, make_model, rel_err
 
 
 def test_newton_schulz_matches_the_polar_factor():
@@ -308,20 +308,7 @@ def test_optimiser_options_warmup_clip_and_weight_decay():
 def test_learned_matching_on_the_llama_family_lowers_a_planted_barrier(head_map):
     """Grouped-query heads, rotary QK maps, SwiGLU units: from the identity, learned matching lowers the
     validation barrier of a planted pair, and what it returns is a symmetry of B (B's function kept)."""
-    torch.manual_seed(0)
-    kind = "llama"
-    a = make_model(kind, seed=62, dtype=torch.float32)
-    arch, raw = standard_params(a)
-    spec = canonical_spec(arch, head_map)
-    b = Alignment.random(spec, seed=6).apply(a)
-    data = [(make_inputs(kind, seed=s, batch=8),) * 2 for s in range(6)]
-    pa, pb = canonical_params(arch, raw), canonical_params(arch, standard_params(b)[1])
-    hard, info = learn_alignments(spec, [pa, pb], [Alignment.identity(spec).elements], data[:5], data[5:],
-                                  steps=40, lr=0.02, eval_every=10, patience=10, target="endpoints", lam="uniform")
-    assert info["val_barrier"] < info["val_history"][0][1]
-    al = exact_alignment(spec, hard[0], {}).validate()
-    x = make_inputs(kind, seed=9)
-    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+    learned_lowers_a_planted_barrier("llama", make_model("llama", seed=62, dtype=torch.float32), head_map)
 
 
 def test_learned_matching_on_hugging_face_qwen2():
