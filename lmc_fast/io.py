@@ -34,6 +34,7 @@ import secrets
 import warnings
 from dataclasses import fields
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -439,20 +440,51 @@ def _our_config(header: dict, where):
         raise CheckpointError(f"{where}: invalid {cfg_cls.__name__}: {_first_line(exc)}") from None
 
 
-def _load_ours(path: Path):
-    from safetensors import safe_open
+class Inspected(NamedTuple):
+    """A checkpoint checked in full against its config, nothing of its tensors read: the model built on
+    the meta device, each tensor's (shape, dtype) and file, and the file name of each model key."""
 
+    kind: str  # "lmc_fast" | "hf"
+    path: Path
+    meta_model: object
+    specs: dict  # file key -> (shape, safetensors dtype string)
+    homes: dict  # file key -> the weights file holding it
+    file_key: dict  # model state-dict key -> file key (the same but where transformers renames)
+    header: dict  # ours: the lmc_fast header; hf: config.json's object
+    metadata: dict
+
+
+def inspect_checkpoint(path) -> Inspected:
+    """Every check `load_model` makes before it allocates, without reading a tensor: what a streamed
+    reader needs to read one tensor at a time."""
+    path = Path(path)
+    return _inspect_hf(path) if checkpoint_kind(path) == "hf" else _inspect_ours(path)
+
+
+def _inspect_ours(path: Path) -> Inspected:
     weights = path / WEIGHTS if path.is_dir() else path
     meta, specs = _read_specs(weights)
     header, where = _our_header(path, meta)
     cls, config = _our_config(header, where)
     _check_layer_count(where, "n_layer", config.n_layer, specs, weights)
-    tied = bool(getattr(config, "tie_word_embeddings", False))  # lm_head stored once, re-tied here
+    tied = bool(getattr(config, "tie_word_embeddings", False))  # lm_head stored once, re-tied on load
     _check_dtypes(weights, specs)
     sizes = ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if type(v) is int)
-    _check_tensors(weights, specs, _shapes(_meta_model(lambda: cls(config), where, f" ({sizes})")),
-                   {"lm_head.weight"} if tied else set(), what=f"{header['model_type']} config")
-    model = cls(config).to(_common_dtype(specs))  # sizes now match the file: allocating is safe
+    meta_model = _meta_model(lambda: cls(config), where, f" ({sizes})")
+    _check_tensors(weights, specs, _shapes(meta_model), {"lm_head.weight"} if tied else set(),
+                   what=f"{header['model_type']} config")
+    return Inspected("lmc_fast", path, meta_model, specs, dict.fromkeys(specs, weights), {k: k for k in specs},
+                     header, header.get("metadata", {}))
+
+
+def _load_ours(path: Path):
+    from safetensors import safe_open
+
+    info = _inspect_ours(path)
+    weights, specs, header = path / WEIGHTS if path.is_dir() else path, info.specs, info.header
+    config = info.meta_model.config
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    model = type(info.meta_model)(config).to(_common_dtype(specs))  # sizes now match the file: allocating is safe
     target = model.state_dict()
     try:
         with utf8_name(weights) as name, safe_open(name, framework="pt") as f, torch.no_grad():
@@ -499,14 +531,15 @@ def _hf_shards(path: Path) -> list:
     return shards
 
 
-def _hf_specs(shards: list) -> dict:
+def _hf_specs(shards: list) -> tuple[dict, dict]:
+    """({file key: (shape, dtype)}, {file key: the shard holding it})."""
     specs, home = {}, {}
     for shard in shards:
         for k, spec in _read_specs(shard)[1].items():
             if k in specs:
                 raise CheckpointError(f"{shard}: parameter {k!r} is also in {home[k].name}")
             specs[k], home[k] = spec, shard
-    return specs
+    return specs, home
 
 
 def _check_hf_sizes(cfg_obj: dict, config, where: Path) -> None:
@@ -556,8 +589,9 @@ def _kept_on_load(specs: dict, ignore: list) -> dict:
     return {k: v for k, v in specs.items() if not any(p.search(k) for p in ignore)}
 
 
-def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> None:
-    """The weight files' names, dtypes and shapes against the meta-built model, before anything is allocated."""
+def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> dict:
+    """The weight files' names, dtypes and shapes against the meta-built model, before anything is allocated.
+    Returns {model key: file key} (empty where transformers' renaming cannot be applied here)."""
     expected = _shapes(model)
     tied = getattr(cls, "_tied_weights_keys", None) or ()
     optional = set(tied) if getattr(config, "tie_word_embeddings", False) else set()
@@ -570,8 +604,9 @@ def _check_hf_tensors(weights, specs: dict, cls, model, config, what: str) -> No
         names = None
     if names is None:
         _check_total(weights, specs, expected, optional, what)
-        return
+        return {}
     _check_tensors(weights, specs, expected, optional, what, names=names, ignore=ignore)
+    return {m: k for k, m in names.items() if m in expected}
 
 
 def _hf_class_name(cfg_obj: dict, names: tuple, where: Path) -> str:
@@ -588,7 +623,7 @@ def _hf_class_name(cfg_obj: dict, names: tuple, where: Path) -> str:
     return archs[0]
 
 
-def _load_hf(path: Path):
+def _inspect_hf(path: Path) -> Inspected:
     cfg_path = path / CONFIG
     cfg_obj = _read_json(cfg_path)
     names = _HF_CLASSES.get(cfg_obj.get("model_type"))
@@ -601,7 +636,7 @@ def _load_hf(path: Path):
         if (path / extra).exists():
             _read_json(path / extra)
     shards = _hf_shards(path)
-    specs = _hf_specs(shards)
+    specs, homes = _hf_specs(shards)
     with _hf_quiet() as transformers:
         cls = getattr(transformers, name)
         try:
@@ -616,18 +651,26 @@ def _load_hf(path: Path):
     with _hf_quiet():
         meta_model = _meta_model(lambda: cls(config), cfg_path, f" ({named})")
     weights = shards[0] if len(shards) == 1 else path / HF_INDEX
-    _check_hf_tensors(weights, specs, cls, meta_model, config, f"{name} config")
+    file_key = _check_hf_tensors(weights, specs, cls, meta_model, config, f"{name} config")
+    meta = path / HF_META
+    return Inspected("hf", path, meta_model, specs, homes, file_key, cfg_obj,
+                     _read_json(meta) if meta.is_file() else {})
+
+
+def _load_hf(path: Path):
+    info = _inspect_hf(path)
+    cls, config, specs = type(info.meta_model), info.meta_model.config, info.specs
+    name = cls.__name__
     try:
         with _hf_quiet() as transformers:
-            model, info = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
-                                              output_loading_info=True,
-                                              **_dtype_kwarg(transformers,
-                                                             _kept_on_load(specs, _dropped_on_load(cls, meta_model))))
+            model, loading = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
+                                                 output_loading_info=True,
+                                                 **_dtype_kwarg(transformers,
+                                                                _kept_on_load(specs, _dropped_on_load(cls, info.meta_model))))
     except Exception as exc:  # whatever transformers raises for a folder that passed the checks above
         raise CheckpointError(f"{path}: cannot load {name}: {_first_line(exc)}") from None
-    _check_hf_loading_info(path, model, info)
-    meta = path / HF_META
-    model.lmc_fast_metadata = _read_json(meta) if meta.is_file() else {}
+    _check_hf_loading_info(path, model, loading)
+    model.lmc_fast_metadata = info.metadata
     return model
 
 
@@ -672,5 +715,6 @@ def load_model(path, device=None, dtype=None):
     return model.eval()
 
 
-__all__ = ["CheckpointError", "CheckpointNotFoundError", "atomic_dir", "atomic_file", "checkpoint_kind",
+__all__ = ["CheckpointError", "CheckpointNotFoundError", "Inspected", "atomic_dir", "atomic_file", "checkpoint_kind",
+           "inspect_checkpoint",
            "is_hf_model", "load_model", "read_header", "save_model", "write_json"]

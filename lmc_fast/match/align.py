@@ -1,6 +1,8 @@
 """`align(model_a, model_b, method=...)`: the one entry point over every matching method."""
 from __future__ import annotations
 
+import os
+
 from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_mlp_to
 from ..symmetry import Alignment, model_fingerprint
@@ -36,6 +38,10 @@ def align(model_a, model_b, method: str = "weight", data=None, *, progress: bool
 
     A model_b whose MLPs are narrower than model_a's (all else equal) is zero-padded first;
     apply the result to the narrow model_b as usual (`al.apply(model_b)` pads it too).
+
+    `model_a` and `model_b` may be checkpoint paths (our folders and files, Hugging Face folders, sharded
+    or not) for "weight" and "permutation": the checkpoints are then streamed, a layer at a time, and
+    never held whole (lmc_fast.stream); the result is the in-memory one.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -44,6 +50,14 @@ def align(model_a, model_b, method: str = "weight", data=None, *, progress: bool
     check_options(options)  # every value by its one rule (options.py), before any work
     if m.needs_data and data is None:
         raise ValueError(f"data is required: method {method!r} reads training batches")
+    paths = [isinstance(x, (str, os.PathLike)) for x in (model_a, model_b)]
+    if any(paths):
+        if not all(paths):
+            raise ValueError("model_a and model_b must be both models or both checkpoint paths")
+        if m.stream is None:
+            raise ValueError(f"method {method!r} needs both models in memory: load them with "
+                             "lmc_fast.io.load_model (methods 'weight' and 'permutation' stream checkpoint paths)")
+        return m.stream(model_a, model_b, progress=progress, **options)
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}

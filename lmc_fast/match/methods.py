@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import activation, learned, weight
+from . import activation, learned, streamed, weight
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class Method:
     # (spec, pa, pb, seed=) -> (elements, info): matching on parameters alone, no data and no models
     # (MergeMany's re-alignments to a mean, the training monitor); None where the method needs models or data
     match_params: Callable | None = None
+    # (path_a, path_b, **options) -> Alignment: the same matching on two checkpoints streamed from disk,
+    # a block at a time (match/streamed.py); None where the method needs the models in memory
+    stream: Callable | None = None
 
     @property
     def aligns(self) -> bool:
@@ -65,9 +68,10 @@ _ALL = (
     Method("permutation", False, "raw",
            "Git Re-Basin weight matching of the residual, MLP and head permutations on raw parameters",
            _SOLVER + ("heads",), ("progress", "dtype"), weight.align_by_permutations,
-           weight.weight_matching),
+           weight.weight_matching, streamed.streamed_by_permutations),
     Method("weight", False, "canonical", "weight matching over every Transformer symmetry group",
-           _SOLVER + ("token_counts",), ("progress", "dtype"), weight.align_by_weights, weight.weight_matching),
+           _SOLVER + ("token_counts",), ("progress", "dtype"), weight.align_by_weights, weight.weight_matching,
+           streamed.streamed_by_weights),
     Method("activation", True, "canonical", "the same solvers on activation cross-covariances over data",
            ("max_batches", "residual_only"), ("progress", "dtype"), activation.align_by_activations),
     Method("learned", True, "canonical", "straight-through optimisation of the alignment on midpoint loss",

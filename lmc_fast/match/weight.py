@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +24,7 @@ from ..symmetry.elements import apply_spec, identity
 from ..symmetry.spec import Spec
 from . import solve
 from .kinds import matcher_of, solve_groups
+from .weighting import TOKEN_ROW_PARAMS, WEIGHTINGS, token_weights, weighted_reference  # noqa: F401 (re-exported)
 
 
 def solve_layer_groups(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: list[str], freeze_perms: bool = False,
@@ -34,32 +36,93 @@ def solve_layer_groups(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: 
     solve_groups(spec, names, stats, elements, warm=warm, frozen=freeze_perms)
 
 
-def _residual_step(spec: Spec, pa: dict, pb: dict, elements: dict, rest: list[str], warm: dict | None = None) -> float:
-    """Solve the residual group given the others and return the full objective, read off the
-    residual's own correlation: sum over its axes of <A, M . B'> = sum(M * C) (or sum_i
-    C[i, perm[i]]), plus the parameters it does not touch. Saves one transform of every
-    parameter per sweep."""
-    group = spec.groups[spec.residual]
-    m = matcher_of(group)
-    pb_other = apply_spec(spec, pb, elements, skip={spec.residual})
-    C = m.correlation(group, pa, pb_other)
-    elements[spec.residual] = m.solve([group], [C], warm=warm, key=spec.residual)[0]
-    return m.value(group, C, elements[spec.residual]) + solve.objective(pa, pb_other, rest)
+class Piece(NamedTuple):
+    """Part of a pair of models that the steps below can take on its own: A's parameters weighted as the
+    objective weighs them (`a`), B's (`b`), and A weighted for the anchor start (`anchor`, when asked).
+    Every layer-local group lies inside one piece; the residual's statistics are sums over pieces."""
+
+    a: dict
+    b: dict
+    anchor: dict | None = None
 
 
-def _anchor_residual(spec: Spec, pa: dict, pb: dict):
-    res = spec.groups[spec.residual]
+class InMemoryPair:
+    """Both models in memory: a single piece (so every layer's groups are solved in one batched call)."""
+
+    def __init__(self, ref: dict, pb: dict, anchor_ref: dict):
+        self.ref, self.pb, self.anchor_ref = ref, pb, anchor_ref
+        self.dtype = ref[next(iter(ref))].dtype
+
+    def pieces(self, names=None, anchor: bool = False):
+        """The one piece; `names` (a predicate on parameter names) keeps only some parameters."""
+        pick = (lambda d: d) if names is None else (lambda d: {n: t for n, t in d.items() if names(n)})
+        yield Piece(pick(self.ref), pick(self.pb), pick(self.anchor_ref) if anchor else None)
+
+
+def _within(group, params):
+    """`group` restricted to its axes on `params` (None when it has none there)."""
+    axes = tuple(ax for ax in group.axes if ax.param in params)
+    return dataclasses.replace(group, axes=axes) if axes else None
+
+
+def _add(total, term):
+    return term if total is None else total + term
+
+
+def _local_in(spec: Spec, local: list[str], piece: dict) -> list[str]:
+    return [n for n in local if spec.groups[n].axes[0].param in piece]
+
+
+def _anchor_residual(spec: Spec, source) -> tuple:
+    """(the residual solved on the anchor parameters no other group touches or None, the objective at
+    the identity), in one pass: the anchor pins the residual down before the first sweep."""
+    res = spec.groups[spec.residual] if spec.residual is not None else None
     local = {ax.param for g in spec.groups.values() if g.layer_local for ax in g.axes}
+    C, value = None, 0.0
+    for piece in source.pieces(anchor=res is not None):
+        value += solve.objective(piece.a, piece.b, piece.a)
+        if res is None:
+            continue
+        part = _within(res, [p for p in piece.anchor if p not in local])
+        if part is not None:
+            C = _add(C, solve.correlation(part, piece.anchor, piece.b))
+    if C is None or not all_finite(C) or C.abs().max() == 0:
+        return None, value
     anchor = dataclasses.replace(res, axes=tuple(ax for ax in res.axes if ax.param not in local))
-    if not anchor.axes:
-        return None
-    C = solve.correlation(anchor, pa, pb)
-    if not all_finite(C) or C.abs().max() == 0:
-        return None
-    return matcher_of(anchor).solve([anchor], [C])[0]
+    return matcher_of(anchor).solve([anchor], [C])[0], value
 
 
-def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], rest: list[str],
+def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params: set, warm: dict,
+           first: bool) -> tuple[float, float | None]:
+    """One structured sweep, one pass over the pieces: each piece's layer-local groups solved exactly
+    given the residual element, then their pieces' correlation with the residual summed, then the
+    residual solved exactly. Returns (objective after the sweep, objective before it when `first`).
+    The objective is read off the residual's own correlation: sum over its axes of <A, M . B'> =
+    sum(M * C) (or sum_i C[i, perm[i]]), plus the parameters it does not touch."""
+    res = spec.residual
+    C, value, before = None, 0.0, 0.0
+    for piece in source.pieces():
+        pb_r = apply_spec(spec, piece.b, elements, skip=set(local))
+        if first:
+            before += solve.objective(piece.a, pb_r, piece.a)  # the local groups are still the identity
+        solve_layer_groups(spec, piece.a, pb_r, elements, _local_in(spec, local, piece.a), warm=warm)
+        if res is None:
+            value += solve.objective(piece.a, apply_spec(spec, piece.b, elements), piece.a)
+            continue
+        pb_other = apply_spec(spec, piece.b, elements, skip={res})
+        part = _within(spec.groups[res], piece.a)
+        if part is not None:
+            C = _add(C, matcher_of(part).correlation(part, piece.a, pb_other))
+        value += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
+    if res is not None:
+        group = spec.groups[res]
+        m = matcher_of(group)
+        elements[res] = m.solve([group], [C], warm=warm, key=res)[0]
+        value += m.value(group, C, elements[res])
+    return value, (before if first else None)
+
+
+def _polish(spec: Spec, source, elements: dict, local: list[str], residual_params: set,
             polish_iter: int, polish_tol: float) -> tuple[int, float]:
     """Alternate the per-head maps and the residual rotation with every permutation frozen.
 
@@ -68,28 +131,33 @@ def _polish(spec: Spec, pa: dict, pb: dict, elements: dict, local: list[str], re
     each iteration transforms and correlates only the attention parameters (a third of
     GPT-2's residual-touching weights), instead of the whole model."""
     res = spec.groups[spec.residual]
+    m = matcher_of(res)
     heads = [n for n in local if matcher_of(spec.groups[n]).has_maps(spec.groups[n])]  # the per-head maps
     moving = {ax.param for n in heads for ax in spec.groups[n].axes}
-    fixed_axes = tuple(ax for ax in res.axes if ax.param not in moving)
-    moving_res = dataclasses.replace(res, axes=tuple(ax for ax in res.axes if ax.param in moving))
-    rest_fixed = [p for p in rest if p not in moving]
-    rest_moving = [p for p in rest if p in moving]  # e.g. query biases: head maps, no residual axis
-    pb_fixed = apply_spec(spec, {p: pb[p] for p in {ax.param for ax in fixed_axes} | set(rest_fixed)}, elements,
-                          skip={spec.residual})
-    C_fixed = solve.correlation(dataclasses.replace(res, axes=fixed_axes), pa, pb_fixed) if fixed_axes else 0.0
-    value_fixed = solve.objective(pa, pb_fixed, rest_fixed)
-    pb_moving = {p: pb[p] for p in moving}
+    C_fixed, value_fixed = None, 0.0
+    for piece in source.pieces(names=lambda p: p not in moving):
+        pb_fixed = apply_spec(spec, piece.b, elements, skip={spec.residual})
+        part = _within(res, piece.a)
+        if part is not None:
+            C_fixed = _add(C_fixed, solve.correlation(part, piece.a, pb_fixed))
+        value_fixed += solve.objective(piece.a, pb_fixed, [p for p in piece.a if p not in residual_params])
     polished, value = 0, float("nan")
     for polished in range(1, polish_iter + 1):
         before = {n: dict(e) for n, e in elements.items()}
-        if heads:
-            solve_layer_groups(spec, pa, apply_spec(spec, pb_moving, elements, skip=set(local)), elements, heads,
-                         freeze_perms=True)
-        pb_other = apply_spec(spec, pb_moving, elements, skip={spec.residual})
-        C = C_fixed + solve.correlation(moving_res, pa, pb_other) if moving_res.axes else C_fixed
-        m = matcher_of(res)
+        C, value_moving = C_fixed, 0.0
+        for piece in source.pieces(names=moving.__contains__):
+            in_piece = _local_in(spec, heads, piece.a)
+            if in_piece:
+                solve_layer_groups(spec, piece.a, apply_spec(spec, piece.b, elements, skip=set(local)), elements,
+                                   in_piece, freeze_perms=True)
+            pb_other = apply_spec(spec, piece.b, elements, skip={spec.residual})
+            part = _within(res, piece.a)
+            if part is not None:
+                C = _add(C, solve.correlation(part, piece.a, pb_other))
+            # e.g. query biases: head maps, no residual axis
+            value_moving += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
         elements[spec.residual] = m.solve([res], [C])[0]
-        value = m.value(res, C, elements[spec.residual]) + value_fixed + solve.objective(pa, pb_other, rest_moving)
+        value = m.value(res, C, elements[spec.residual]) + value_fixed + value_moving
         if _max_change(spec, before, elements) < polish_tol:
             break
     return polished, value
@@ -104,94 +172,7 @@ def _max_change(spec: Spec, old: dict, new: dict) -> float:
     return out
 
 
-WEIGHTINGS = ("sum", "per_tensor", "sqrt")
 INITS = ("anchor", "anchor_per_tensor", "identity")
-
-
-# parameters whose rows are indexed by token id (standard params): the token-frequency prior
-# weighs these rows. The head's rows count too: its targets follow the same token distribution.
-TOKEN_ROW_PARAMS = ("tok_embed.weight", "lm_head.weight")
-
-
-def _as_counts(token_counts, vocab: int) -> torch.Tensor:
-    """A counts vector as given, or the bincount of the input ids of (inputs, targets) batches."""
-    if isinstance(token_counts, torch.Tensor):
-        return token_counts
-    if hasattr(token_counts, "__array__"):  # numpy and the like
-        return torch.as_tensor(token_counts)
-    try:
-        batches = iter(token_counts)
-    except TypeError:
-        raise ValueError(f"token_counts must be a 1-D counts vector or (inputs, targets) batches, "
-                         f"got {type(token_counts).__name__}") from None
-    counts, seen = torch.zeros(vocab, dtype=torch.int64), False
-    for batch in batches:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)
-                and not batch[0].is_floating_point() and not batch[0].is_complex()):
-            raise ValueError("token_counts batches must be (inputs, targets) with integer token-id inputs")
-        ids = batch[0].reshape(-1).long().cpu()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise ValueError(f"token_counts batches hold token ids outside [0, {vocab})")
-        counts += torch.bincount(ids, minlength=vocab)
-        seen = True
-    if not seen:
-        raise ValueError("token_counts batches are empty")
-    return counts
-
-
-def token_weights(token_counts, pa: dict) -> torch.Tensor:
-    """Per-token weights counts / mean(counts) (float64, mean 1) for the token-frequency prior.
-
-    Uniform counts give exactly 1 everywhere, i.e. the unweighted objective."""
-    if "tok_embed.weight" not in pa:
-        raise ValueError("token_counts needs a language model (no tok_embed.weight among its parameters)")
-    vocab = pa["tok_embed.weight"].shape[0]
-    counts = _as_counts(token_counts, vocab)
-    if counts.dim() != 1 or len(counts) != vocab:
-        raise ValueError(f"token_counts must be a 1-D vector of length vocab_size={vocab}, got shape "
-                         f"{tuple(counts.shape)}")
-    if counts.is_complex() or counts.dtype == torch.bool:
-        raise ValueError(f"token_counts must be real numbers, got {counts.dtype}")
-    counts = counts.to(torch.float64)
-    if not all_finite(counts) or bool((counts < 0).any()) or not bool((counts > 0).any()):
-        raise ValueError("token_counts must be finite, non-negative and not all zero")
-    if bool((counts == counts[0]).all()):
-        return torch.ones_like(counts)  # exactly the unweighted objective, free of rounding
-    return counts * (vocab / counts.sum())
-
-
-def _with_token_prior(pa: dict, weights: torch.Tensor) -> dict:
-    """A's token-indexed rows scaled by the token weights: <w * A_p, g.B_p> = sum_t w_t <A_t, (g.B)_t>,
-    still linear in g.B, so every solver works unchanged."""
-    out = dict(pa)
-    for n in TOKEN_ROW_PARAMS:
-        if n in pa and pa[n].shape[0] == len(weights):
-            out[n] = pa[n] * weights.to(pa[n].dtype)[:, None]
-    return out
-
-
-def weighted_reference(pa: dict, pb: dict, weighting: str, token_weights: torch.Tensor | None = None) -> dict:
-    """A's parameters scaled so that sum_p <A'_p, g.B_p> is the chosen objective.
-
-    "sum": sum_p <A_p, g.B_p> (A unchanged): the largest tensors dominate, and on the ViT
-    the embeddings that fix the residual basis weigh under 1% of it. "per_tensor": each term
-    divided by ||A_p|| ||B_p||, a sum of cosines where every tensor counts equally; "sqrt":
-    divided by sqrt(||A_p|| ||B_p||), halfway between the two on a log scale. The norms
-    are taken once, at g = identity (orthogonal maps and permutations keep them), so the
-    objective stays linear in g.B and every solver works on it unchanged. `token_weights`
-    (see `token_weights`) then scale the rows of the token embedding and LM head."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    if token_weights is not None:
-        return _with_token_prior(weighted_reference(pa, pb, weighting), token_weights)
-    if weighting == "sum":
-        return pa
-    out = {}
-    for n, a in pa.items():
-        scale = a.norm() * pb[n].norm()
-        scale = scale.sqrt() if weighting == "sqrt" else scale
-        out[n] = a / scale if scale > 0 else torch.zeros_like(a)  # a zero tensor adds nothing either way
-    return out
 
 
 def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol: float = 1e-4,
@@ -216,59 +197,89 @@ def weight_matching(spec: Spec, pa: dict, pb: dict, *, max_iter: int = 100, tol:
         raise ValueError(f"order must be 'structured' or 'random', got {order!r}")
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    prior = token_weights(token_counts, pa) if token_counts is not None else None
     # "anchor_per_tensor": the anchor start with each anchor tensor counted equally (the
     # ViT's embeddings otherwise weigh little next to its head), then the chosen objective
-    prior = token_weights(token_counts, pa) if token_counts is not None else None
     anchor_ref = weighted_reference(pa, pb, "per_tensor" if init == "anchor_per_tensor" else weighting, prior)
-    pa = weighted_reference(pa, pb, weighting, prior)
+    ref = weighted_reference(pa, pb, weighting, prior)
+    if order == "random":
+        elements, info = _random_order(spec, ref, pb, anchor_ref, max_iter=max_iter, tol=tol, seed=seed, init=init,
+                                       progress=progress)
+    else:
+        elements, info = match_pieces(spec, InMemoryPair(ref, pb, anchor_ref), max_iter=max_iter, tol=tol,
+                                      init=init, polish_iter=polish_iter, polish_tol=polish_tol, progress=progress)
+    info.update(weighting=weighting, token_prior=prior is not None)
+    return elements, info
+
+
+def match_pieces(spec: Spec, source, *, max_iter: int = 100, tol: float = 1e-4, init: str = "anchor",
+                 polish_iter: int = 10, polish_tol: float = 1e-9, progress=None):
+    """The structured schedule of `weight_matching` over a source of pieces (an InMemoryPair, or a pair of
+    checkpoints streamed a block at a time, stream/pieces.py): the same steps and elements either way."""
     t0 = time.perf_counter()
-    names = list(pa)
-    elements = {n: identity(g, pa[g.axes[0].param].dtype) for n, g in spec.groups.items()}
-    objective_identity = solve.objective(pa, pb, names)
-    if init != "identity" and spec.residual is not None:
-        start = _anchor_residual(spec, anchor_ref, pb)
-        if start is not None:
-            elements[spec.residual] = start
-    history = [solve.objective(pa, apply_spec(spec, pb, elements), names)]
+    elements = {n: identity(g, source.dtype) for n, g in spec.groups.items()}
+    start, objective_identity = _anchor_residual(spec, source) if init != "identity" else (None, None)
+    if start is not None:
+        elements[spec.residual] = start
     local = [n for n, g in spec.groups.items() if g.layer_local]
     residual_params = {ax.param for ax in spec.groups[spec.residual].axes} if spec.residual is not None else set()
-    rest = [n for n in names if n not in residual_params]
-    rng = random.Random(seed)
     warm = {}  # assignment prices per group, carried from sweep to sweep
-    it = 0
+    history, it = [], 0
     for it in range(1, max_iter + 1):
-        if order == "structured":
-            pb_r = apply_spec(spec, pb, elements, skip=set(local))
-            solve_layer_groups(spec, pa, pb_r, elements, local, warm=warm)
-            if spec.residual is not None:
-                value = _residual_step(spec, pa, pb, elements, rest, warm)
-            else:
-                value = solve.objective(pa, apply_spec(spec, pb, elements), names)
-        else:
-            group_names = list(spec.groups)
-            rng.shuffle(group_names)
-            for n in group_names:
-                touched = {ax.param for ax in spec.groups[n].axes}
-                sub = apply_spec(spec, {p: pb[p] for p in touched}, elements, skip={n})
-                group = spec.groups[n]
-                elements[n] = matcher_of(group).solve([group], [matcher_of(group).correlation(group, pa, sub)],
-                                                      warm=warm, key=n)[0]
-            value = solve.objective(pa, apply_spec(spec, pb, elements), names)
+        value, before = _sweep(spec, source, elements, local, residual_params, warm, first=it == 1)
+        if before is not None:
+            history.append(before)
         history.append(value)
         if progress is not None:
             progress.set_postfix(objective=f"{history[-1]:.6g}")
             progress.update(1)
         if history[-1] - history[-2] <= tol * abs(history[-1]):
             break
+    if objective_identity is None:  # init "identity": the first sweep started there
+        objective_identity = history[0]
     polished = 0
-    if (order == "structured" and polish_iter > 0 and spec.residual is not None
+    if (polish_iter > 0 and spec.residual is not None
             and matcher_of(spec.groups[spec.residual]).has_maps(spec.groups[spec.residual])):
-        polished, value = _polish(spec, pa, pb, elements, local, rest, polish_iter, polish_tol)
+        polished, value = _polish(spec, source, elements, local, residual_params, polish_iter, polish_tol)
         history.append(value)
-    info = {"method": "weight", "order": order, "weighting": weighting, "init": init,
-            "token_prior": prior is not None, "iterations": it, "polish_iterations": polished, "objective": history,
-            "objective_identity": objective_identity,
+    info = {"method": "weight", "order": "structured", "init": init, "iterations": it,
+            "polish_iterations": polished, "objective": history, "objective_identity": objective_identity,
             "seconds": time.perf_counter() - t0}
+    return elements, info
+
+
+def _random_order(spec: Spec, pa: dict, pb: dict, anchor_ref: dict, *, max_iter: int, tol: float, seed: int,
+                  init: str, progress):
+    """Git Re-Basin's schedule, kept as the baseline: every sweep visits the groups in a random order,
+    each solved given all the others (in memory only)."""
+    t0 = time.perf_counter()
+    names = list(pa)
+    elements = {n: identity(g, pa[g.axes[0].param].dtype) for n, g in spec.groups.items()}
+    objective_identity = solve.objective(pa, pb, names)
+    if init != "identity" and spec.residual is not None:
+        start, _ = _anchor_residual(spec, InMemoryPair(pa, pb, anchor_ref))
+        if start is not None:
+            elements[spec.residual] = start
+    history = [solve.objective(pa, apply_spec(spec, pb, elements), names)]
+    rng = random.Random(seed)
+    warm, it = {}, 0
+    for it in range(1, max_iter + 1):
+        group_names = list(spec.groups)
+        rng.shuffle(group_names)
+        for n in group_names:
+            touched = {ax.param for ax in spec.groups[n].axes}
+            sub = apply_spec(spec, {p: pb[p] for p in touched}, elements, skip={n})
+            group = spec.groups[n]
+            elements[n] = matcher_of(group).solve([group], [matcher_of(group).correlation(group, pa, sub)],
+                                                  warm=warm, key=n)[0]
+        history.append(solve.objective(pa, apply_spec(spec, pb, elements), names))
+        if progress is not None:
+            progress.set_postfix(objective=f"{history[-1]:.6g}")
+            progress.update(1)
+        if history[-1] - history[-2] <= tol * abs(history[-1]):
+            break
+    info = {"method": "weight", "order": "random", "init": init, "iterations": it, "polish_iterations": 0,
+            "objective": history, "objective_identity": objective_identity, "seconds": time.perf_counter() - t0}
     return elements, info
 
 

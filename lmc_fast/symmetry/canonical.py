@@ -25,11 +25,17 @@ from .spec import norm_readers, residual_writers
 GAMMA_TOLERANCE = 1e-6
 
 
-def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.float64) -> dict[str, torch.Tensor]:
+def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.float64,
+                     partial: bool = False) -> dict[str, torch.Tensor]:
     """The canonical parameters in `dtype` (float64 by default). Each tensor is transformed in
     float64 and stored in `dtype` as soon as it is done, so float32 results cost one float32 copy
-    of the model plus one tensor's float64 scratch (what a 1B model on a laptop needs)."""
+    of the model plus one tensor's float64 scratch (what a 1B model on a laptop needs).
+
+    `partial`: `params` is one block of the model that the canonical form does not couple to the rest
+    (`coupled_blocks`; a streamed checkpoint's unit of reading): steps on absent parameters are skipped."""
     p = {k: v.detach() for k, v in params.items()}
+    if partial:
+        _check_closed(arch, p)
     d64 = lambda name: p[name].to(torch.float64)  # noqa: E731 - a float64 working copy of one tensor
     done = set()
 
@@ -38,6 +44,8 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
         done.add(name)
 
     for norm, readers in norm_readers(arch).items():
+        if partial and norm + ".weight" not in p:
+            continue
         gamma = d64(norm + ".weight")
         beta = d64(norm + ".bias") if norm + ".bias" in p else None
         # a reader without a bias (GPT-2's LM head) cannot absorb beta: keep it as c = beta / gamma
@@ -69,14 +77,49 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
             store(b + "k.bias", torch.zeros_like(d64(b + "k.bias")))
     if arch.norm == "layernorm" and not arch.post_norm:
         for name, axis in residual_writers(arch):
+            if partial and name not in p:
+                continue
             W = d64(name)
             store(name, W - W.mean(dim=axis, keepdim=True))
     if arch.gated:  # after centring: the balance reads the final fc2 columns
         for l in range(arch.n_layer):
+            if partial and f"blocks.{l}.mlp.fc1.weight" not in p:
+                continue
             for name, value in balanced_units(p, f"blocks.{l}.mlp.").items():
                 store(name, value)
     # the rest unchanged, as copies (the result never shares memory with `params`)
     return {k: (v if k in done else v.to(dtype, copy=True)) for k, v in p.items()}
+
+
+def coupled_blocks(arch: Arch, names) -> list[list[str]]:
+    """`names` (standard parameters) split into the blocks the canonical form transforms independently:
+    one per layer and one of the rest, joined where a norm folds into readers in another block (post-norm
+    models: none). Lists keep the order of `names`."""
+    names = list(names)
+    block = {n: (n.split(".")[1] if n.startswith("blocks.") else "outer") for n in names}
+    parent = {b: b for b in block.values()}
+
+    def root(b):
+        while parent[b] != b:
+            b = parent[b]
+        return b
+
+    for norm, readers in norm_readers(arch).items():
+        here = [block[n] for n in names if n.rsplit(".", 1)[0] in (norm, *readers)]
+        for other in here[1:]:
+            parent[root(other)] = root(here[0])
+    out = {}
+    for n in names:
+        out.setdefault(root(block[n]), []).append(n)
+    return list(out.values())
+
+
+def _check_closed(arch: Arch, p: dict) -> None:
+    """A block given to the partial canonical form holds each norm together with all its readers."""
+    for norm, readers in norm_readers(arch).items():
+        have = [r + ".weight" in p for r in readers]
+        if (norm + ".weight" in p) != all(have) or (any(have) and not all(have)):
+            raise ValueError(f"internal: block splits norm {norm!r} from its readers")
 
 
 def balanced_units(p: dict, prefix: str) -> dict:

@@ -34,6 +34,15 @@ class ConfigSizes(NamedTuple):
     layers: str
 
 
+class Source(NamedTuple):
+    """Where one standard parameter comes from in the class's state dict: its key there and, for a
+    layout other than (out, in), the map from that tensor to the standard one (row-wise, so it also
+    maps a block of rows; None: the tensor as stored)."""
+
+    key: str
+    make: object = None
+
+
 class Adapter:
     """Maps one model class to standard parameters and back."""
 
@@ -64,12 +73,27 @@ class Adapter:
         """Standard parameters (detached clones)."""
         raise NotImplementedError
 
+    def layout(self, model) -> dict[str, Source] | None:
+        """Each standard parameter's Source in the class's state dict, for a class whose standard
+        parameters are its stored tensors renamed (streamed checkpoints read them one at a time);
+        None where standard parameters are cut from fused tensors (those load whole)."""
+        return None
+
     def build(self, template, params: dict[str, torch.Tensor]):
         """A new model of the template's class, dtype and device holding `params`."""
         raise NotImplementedError
 
     def logits(self, model, inputs):
         return model(inputs)
+
+
+def from_layout(layout: dict[str, Source], state: dict) -> dict[str, torch.Tensor]:
+    """Standard parameters (detached clones) from a state dict by its layout."""
+    out = {}
+    for name, src in layout.items():
+        t = state[src.key].detach()
+        out[name] = (t if src.make is None else src.make(t)).clone()
+    return out
 
 
 def _tied(params) -> bool:

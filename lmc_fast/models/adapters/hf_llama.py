@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..arch import Arch
-from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _hf_class, _load_lm_head, _tied
+from .base import (Adapter, ConfigSizes, Source, UnsupportedModelError, _fresh_like, _hf_class, _load_lm_head, _tied,
+                   from_layout)
 
 
 class HFLlamaAdapter(Adapter):
@@ -101,16 +102,20 @@ class HFLlamaAdapter(Adapter):
         return {"vocab_size": model.config.vocab_size, "context": model.config.max_position_embeddings}
 
     def get(self, model):
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        p = {"tok_embed.weight": sd["model.embed_tokens.weight"]}
+        return from_layout(self.layout(model), model.state_dict())
+
+    def layout(self, model):
+        state = model.state_dict()
+        p = {"tok_embed.weight": Source("model.embed_tokens.weight")}
         for l in range(model.config.num_hidden_layers):
             for theirs, ours in self.LAYER_NAMES:
                 for t in ("weight", "bias"):
                     key = f"model.layers.{l}.{theirs}.{t}"
-                    if key in sd:
-                        p[f"blocks.{l}.{ours}.{t}"] = sd[key]
-        p["ln_f.weight"] = sd["model.norm.weight"]
-        p["lm_head.weight"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"]).clone()
+                    if key in state:
+                        p[f"blocks.{l}.{ours}.{t}"] = Source(key)
+        p["ln_f.weight"] = Source("model.norm.weight")
+        tied = getattr(model.config, "tie_word_embeddings", False) or "lm_head.weight" not in state
+        p["lm_head.weight"] = Source("model.embed_tokens.weight" if tied else "lm_head.weight")
         return p
 
     def build(self, template, params):

@@ -5,7 +5,7 @@ import copy
 from dataclasses import asdict
 
 from ..arch import Arch
-from .base import Adapter, _fresh_like, _load, _tied
+from .base import Adapter, Source, _fresh_like, _load, _tied
 
 
 class RefViTAdapter(Adapter):
@@ -24,6 +24,9 @@ class RefViTAdapter(Adapter):
 
     def get(self, model):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def layout(self, model):
+        return {k: Source(k) for k in model.state_dict()}
 
     def build(self, template, params):
         return _load(copy.deepcopy(template), params)
@@ -51,6 +54,14 @@ class _RefLanguageModelAdapter(Adapter):
         if hasattr(model, "lm_head"):
             state.setdefault("lm_head.weight", state["tok_embed.weight"].clone())
         return state
+
+    def layout(self, model):
+        # a tied head is stored once, as the embedding (io.py's format)
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        out = {k: Source(k) for k in model.state_dict() if not (tied and k == "lm_head.weight")}
+        if hasattr(model, "lm_head") and "lm_head.weight" not in out:
+            out["lm_head.weight"] = Source("tok_embed.weight")
+        return out
 
     def build(self, template, params):
         tie = _tied(params)

@@ -1,0 +1,7 @@
+"""Checkpoints larger than memory: read one tensor at a time, matched layer by layer, written shard by shard.
+
+- checkpoint.py: `StreamedCheckpoint`, a checkpoint checked in full, its standard parameters read on demand;
+- pieces.py: the canonical form block by block (each block is what the canonical form couples);
+- write.py: an aligned or merged checkpoint written tensor by tensor, in the input's format;
+- paths.py: `align_paths`, `apply_to_path`, `merge_paths`: the public entry points on paths.
+"""

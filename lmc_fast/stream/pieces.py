@@ -1,0 +1,110 @@
+"""A pair of streamed checkpoints as the pieces weight matching takes (match/weight.py `Piece`): one piece
+per block the canonical form transforms on its own (a layer; the embeddings and head), each read,
+brought to canonical form, weighted, used and dropped. Only one block of each model is resident.
+
+The token-indexed tensors (embedding, LM head) are the largest of a language model and nothing acts on
+their rows, so they come a block of rows at a time: every statistic over them is a sum over rows.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..match.weight import Piece
+from ..match.weighting import weighted_reference
+from ..symmetry.canonical import canonical_params, coupled_blocks
+from ..symmetry.spec import Spec
+from .checkpoint import StreamedCheckpoint
+
+#: tensors read a block of rows at a time (when no group acts on their rows)
+ROW_BLOCKED = ("tok_embed.weight", "lm_head.weight", "lm_head.bias")
+#: bytes of one row block in float64: the unit of reading for the token-indexed tensors
+ROW_BLOCK_BYTES = 64 * 2**20
+
+
+class Blocks:
+    """Several streamed checkpoints of one architecture read block by block in step: each block (or row
+    block of it) of every model at once, in the spec's space (canonical form computed in float64 one
+    tensor at a time, handed over in `dtype`), with {name: (start, stop)} of the row blocks in it."""
+
+    def __init__(self, cks: list[StreamedCheckpoint], spec: Spec, dtype=torch.float64,
+                 row_block_bytes: int = ROW_BLOCK_BYTES):
+        first = cks[0]
+        for other in cks[1:]:
+            if other.shapes != first.shapes:
+                bad = next((n for n in first.shapes if other.shapes.get(n) != first.shapes[n]),
+                           next(iter(set(other.shapes) - set(first.shapes)), None))
+                raise ValueError(f"{other.path} does not fit {first.path}: parameter {bad!r} has shape "
+                                 f"{other.shapes.get(bad)}, expected {first.shapes.get(bad)}")
+        self.cks, self.spec, self.arch, self.dtype = cks, spec, spec.arch, dtype
+        self.shapes = first.shapes
+        self.blocks = coupled_blocks(self.arch, list(self.shapes))
+        home = {n: i for i, blk in enumerate(self.blocks) for n in blk}
+        for name, g in spec.groups.items():
+            if g.layer_local and len({home[ax.param] for ax in g.axes}) > 1:
+                raise ValueError(f"internal: group {name!r} spans two blocks of the canonical form")
+        rowed = [n for n in ROW_BLOCKED if n in self.shapes and len(self.shapes[n]) >= 1
+                 and all(ax.axis != 0 for _, ax in spec.axes_of(n))]
+        self.row_block = {n: max(1, row_block_bytes // (8 * max(1, math.prod(self.shapes[n][1:])))) for n in rowed}
+        self.bytes_read = 0
+
+    def _read(self, ck: StreamedCheckpoint, name: str, rows=None) -> torch.Tensor:
+        t = ck.read(name, rows, dtype=ck.dtype)  # as stored: the canonical form casts one tensor at a time
+        self.bytes_read += t.numel() * t.element_size()
+        return t
+
+    def _space(self, part: dict) -> dict:
+        if self.spec.space == "canonical":
+            return canonical_params(self.arch, part, self.dtype, partial=True)
+        return {n: t.to(self.dtype) for n, t in part.items()}
+
+    def __call__(self, names=None):
+        """Yield ([each model's part], rows); `names`: a predicate choosing the parameters wanted."""
+        for block in self.blocks:
+            want = [n for n in block if names is None or names(n)]
+            if not want:
+                continue
+            whole = [n for n in block if n not in self.row_block]
+            rowed = [n for n in block if n in self.row_block]  # read even when not wanted: a norm's readers
+            base = [{n: self._read(ck, n) for n in whole} for ck in self.cks]
+            steps = {n: range(0, self.shapes[n][0], self.row_block[n]) for n in rowed}
+            for i in range(max([len(s) for s in steps.values()] + [1])):
+                rows = {n: (s[i], min(s[i] + self.row_block[n], self.shapes[n][0]))
+                        for n, s in steps.items() if i < len(s)}
+                parts = []
+                for ck, b in zip(self.cks, base):
+                    part = dict(b)
+                    part.update({n: self._read(ck, n, rows.get(n, (0, 0))) for n in rowed})
+                    parts.append(self._space(part))
+                keep = [n for n in want if n in rows or (i == 0 and n not in self.row_block)]
+                yield [{n: p[n] for n in keep} for p in parts], {n: rows[n] for n in keep if n in rows}
+
+
+class StreamedPair:
+    """Pieces of (A, B) for weight matching, A weighted as `weighting` and the token prior say (and as the
+    anchor start's weighting says, when asked)."""
+
+    def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
+                 weighting: str = "sum", anchor_weighting: str | None = None, prior=None,
+                 row_block_bytes: int = ROW_BLOCK_BYTES):
+        self.blocks = Blocks([a, b], spec, dtype, row_block_bytes)
+        self.dtype = dtype
+        self.weighting, self.anchor_weighting, self.prior = weighting, anchor_weighting or weighting, prior
+        self.norms = self._norms() if "sum" != self.weighting or self.anchor_weighting != "sum" else None
+
+    def _norms(self) -> tuple[dict, dict]:
+        """||A_p||, ||B_p|| of the tensors in the spec's space, summed over row blocks (per-tensor weighting)."""
+        sq = ({}, {})
+        for parts, _ in self.blocks():
+            for acc, part in zip(sq, parts):
+                for n, t in part.items():
+                    acc[n] = acc.get(n, 0.0) + float(t.double().pow(2).sum())
+        return tuple({n: math.sqrt(v) for n, v in acc.items()} for acc in sq)
+
+    def pieces(self, names=None, anchor: bool = False):
+        for (pa, pb), rows in self.blocks(names):
+            ref = weighted_reference(pa, pb, self.weighting, self.prior, norms=self.norms, rows=rows)
+            anchor_ref = (weighted_reference(pa, pb, self.anchor_weighting, self.prior, norms=self.norms, rows=rows)
+                          if anchor else None)
+            yield Piece(ref, pb, anchor_ref)
