@@ -42,6 +42,12 @@ def register(subparsers, parents):
     a.add_argument("--residual-only", action="store_true",
                    help="activation matching: the residual stream's rotation from its activations alone, every "
                         "other group by weight matching given it (cheap: no head or MLP statistics; default: off)")
+    a.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="weight / permutation matching: the solvers' precision (float32 halves the memory; the "
+                        "elements are snapped onto their groups in float64 after)")
+    a.add_argument("--in-memory", action="store_true",
+                   help="weight / permutation matching: load both models whole instead of streaming the checkpoints "
+                        "a layer at a time (the default where the model class allows it; same result)")
     a.add_argument("--out", required=True, help="alignment file (.safetensors; a NAME.align.json summary beside it)")
     data_options(a, "training batch size for activation / learned matching (default 64)")
 
@@ -68,8 +74,22 @@ def run(args, con: Console) -> int:
     outputs.file("--out", out)
     outputs.file("--out (its summary)", summary)
     outputs.check()
-    a, b = load(args.a, args.device), load(args.b, args.device)
+    from ..match.methods import method as method_entry
+
+    entry = method_entry(args.method)
     kw = {}
+    if args.dtype != "float64":
+        if args.method not in ("weight", "permutation", "activation"):
+            raise CLIError(f"--dtype is an option of --method weight, permutation and activation, not {args.method}")
+        import torch
+
+        kw["dtype"] = getattr(torch, args.dtype)
+    streamed = entry.stream is not None and not args.in_memory and args.device in (None, "cpu") \
+        and _streamable(args.a) and _streamable(args.b)
+    if streamed:
+        a, b = args.a, args.b  # lf.align streams checkpoint paths a layer at a time
+    else:
+        a, b = load(args.a, args.device), load(args.b, args.device)
     data_spec = None
     if args.method in DATA_METHODS:
         data_spec, train_ds, _ = model_data(args, [a, b], [args.a, args.b])
@@ -82,11 +102,9 @@ def run(args, con: Console) -> int:
                       temperature=args.temperature)
             if args.augment is not None:
                 kw["augment"] = augmentation(args.augment)
-    con.log(f"aligning {args.b} onto {args.a} with {args.method} matching")
+    con.log(f"aligning {args.b} onto {args.a} with {args.method} matching" + (" (streamed)" if streamed else ""))
     t0 = time.perf_counter()
-    from ..match.methods import method as method_entry
-
-    if method_entry(args.method).accepts("seed"):  # activation matching is deterministic: no seed
+    if entry.accepts("seed"):  # activation matching is deterministic: no seed
         kw["seed"] = args.seed
     al = lf.align(a, b, args.method, progress=not args.quiet, **kw)
     seconds = time.perf_counter() - t0
@@ -97,6 +115,19 @@ def run(args, con: Console) -> int:
     write_json(summary, info)
     con.out(f"{args.method} alignment ({al.spec.space} space) in {seconds:.2f} s -> {out} (summary {summary})")
     return 0
+
+
+def _streamable(path) -> bool:
+    """Whether the checkpoint can be read a tensor at a time (its class's standard parameters are stored
+    tensors); a damaged one is left for the loader to report."""
+    from ..models.adapters.base import UnsupportedModelError
+    from ..stream.checkpoint import StreamedCheckpoint
+
+    try:
+        StreamedCheckpoint(path)
+    except (UnsupportedModelError, ValueError):
+        return False
+    return True
 
 
 def _jsonable(obj):

@@ -17,7 +17,7 @@ from ..symmetry.canonical import canonical_params, coupled_blocks
 from ..symmetry.spec import Spec
 from .checkpoint import StreamedCheckpoint
 
-#: tensors read a block of rows at a time (when no group acts on their rows)
+#: tensors read a block of rows at a time (where only the residual's group acts on them, along columns)
 ROW_BLOCKED = ("tok_embed.weight", "lm_head.weight", "lm_head.bias")
 #: bytes of one row block in float64: the unit of reading for the token-indexed tensors
 ROW_BLOCK_BYTES = 64 * 2**20
@@ -29,7 +29,7 @@ class Blocks:
     tensor at a time, handed over in `dtype`), with {name: (start, stop)} of the row blocks in it."""
 
     def __init__(self, cks: list[StreamedCheckpoint], spec: Spec, dtype=torch.float64,
-                 row_block_bytes: int = ROW_BLOCK_BYTES):
+                 row_block_bytes: int | None = None):
         first = cks[0]
         for other in cks[1:]:
             if other.shapes != first.shapes:
@@ -44,8 +44,12 @@ class Blocks:
         for name, g in spec.groups.items():
             if g.layer_local and len({home[ax.param] for ax in g.axes}) > 1:
                 raise ValueError(f"internal: group {name!r} spans two blocks of the canonical form")
+        row_block_bytes = row_block_bytes or ROW_BLOCK_BYTES
+        # a row block may go through the steps alone only where the residual's statistics are all that
+        # reads the tensor (sums over pieces); a layer's group on it (BERT's head transform on the decoder)
+        # must see it whole
         rowed = [n for n in ROW_BLOCKED if n in self.shapes and len(self.shapes[n]) >= 1
-                 and all(ax.axis != 0 for _, ax in spec.axes_of(n))]
+                 and all(g.role == "residual" and ax.axis != 0 for g, ax in spec.axes_of(n))]
         self.row_block = {n: max(1, row_block_bytes // (8 * max(1, math.prod(self.shapes[n][1:])))) for n in rowed}
         self.bytes_read = 0
 
@@ -87,7 +91,7 @@ class StreamedPair:
 
     def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
                  weighting: str = "sum", anchor_weighting: str | None = None, prior=None,
-                 row_block_bytes: int = ROW_BLOCK_BYTES):
+                 row_block_bytes: int | None = None):
         self.blocks = Blocks([a, b], spec, dtype, row_block_bytes)
         self.dtype = dtype
         self.weighting, self.anchor_weighting, self.prior = weighting, anchor_weighting or weighting, prior

@@ -1,0 +1,203 @@
+"""Streamed checkpoints (lmc_fast.stream): matching two paths a block at a time gives the in-memory
+elements; aligned and merged checkpoints written tensor by tensor equal the in-memory ones; a planted
+symmetry written to disk is recovered; what cannot be streamed is refused in one line."""
+import json
+
+import pytest
+import torch
+
+import lmc_fast as lf
+from lmc_fast.io import load_model, save_model
+from lmc_fast.models.adapters import standard_params
+from lmc_fast.stream import pieces as stream_pieces
+from lmc_fast.stream.checkpoint import StreamedCheckpoint
+from lmc_fast.stream.paths import apply_to_path, merge_paths
+from lmc_fast.symmetry import Alignment, canonical_spec, prepare_params
+from zoo import HF_FP32_INSIDE, logits, make_inputs, make_model, rel_err
+
+#: the zoo's classes whose standard parameters are stored tensors (the ones the streamed reader takes)
+STREAMABLE = ("vit", "gpt2", "llama", "hf_llama", "hf_qwen2", "neox", "bert")
+#: classes whose standard parameters are cut from fused or transposed tensors: loaded whole
+FUSED = ("hf_gpt2", "hf_vit", "hf_neox", "hf_bert")
+
+
+@pytest.fixture
+def tiny_row_blocks(monkeypatch):
+    """Row blocks of 3 rows of 32 float64 values: the embedding and head come in many blocks."""
+    monkeypatch.setattr(stream_pieces, "ROW_BLOCK_BYTES", 3 * 32 * 8)
+
+
+def _saved(tmp_path, kind, seeds=(0, 1)):
+    models = [make_model(kind, s) for s in seeds]
+    paths = []
+    for s, m in zip(seeds, models):
+        paths.append(tmp_path / f"{kind}-{s}")
+        save_model(m, paths[-1])
+    return models, paths
+
+
+def _max_diff(al1, al2) -> float:
+    out = 0.0
+    for n, el in al1.elements.items():
+        for k, t in el.items():
+            u = al2.elements[n][k]
+            if not t.is_floating_point():
+                assert torch.equal(t, u), (n, k)
+            else:
+                out = max(out, float((t.double() - u.double()).abs().max()))
+    return out
+
+
+@pytest.mark.parametrize("kind", STREAMABLE)
+@pytest.mark.parametrize("method", ["weight", "permutation"])
+def test_streamed_matching_equals_in_memory(tmp_path, tiny_row_blocks, kind, method):
+    (a, b), (pa, pb) = _saved(tmp_path, kind)
+    mem = lf.align(a, b, method)
+    streamed = lf.align(str(pa), pb, method)  # str and Path alike
+    assert streamed.info["streamed"] is True and streamed.info["bytes_read"] > 0
+    assert _max_diff(mem, streamed) < 1e-10  # permutations equal (asserted inside)
+    assert mem.info["iterations"] == streamed.info["iterations"]
+    assert mem.info["objective"] == pytest.approx(streamed.info["objective"], rel=1e-12)
+    assert (streamed.info["fingerprint_a"], streamed.info["fingerprint_b"]) == \
+        (mem.info["fingerprint_a"], mem.info["fingerprint_b"])
+
+
+@pytest.mark.parametrize("options", [{"weighting": "per_tensor"}, {"weighting": "per_tensor", "max_iter": 2, "tol": 0.0},
+                                     {"token_counts": "zipf"}, {"dtype": torch.float32}])
+def test_streamed_matching_options_equal_in_memory(tmp_path, tiny_row_blocks, options):
+    (a, b), (pa, pb) = _saved(tmp_path, "llama")
+    if options.get("token_counts") == "zipf":
+        options = {"token_counts": 1.0 / torch.arange(1, 38, dtype=torch.float64)}
+    mem, streamed = lf.align(a, b, "weight", **options), lf.align(pa, pb, "weight", **options)
+    tol = 1e-4 if options.get("dtype") == torch.float32 else 1e-10
+    assert _max_diff(mem, streamed) < tol
+    assert streamed.info["token_prior"] == mem.info["token_prior"]
+
+
+def test_sharded_hugging_face_folder_streams(tmp_path, tiny_row_blocks):
+    a, b = make_model("hf_llama", 0), make_model("hf_llama", 1)
+    pa, pb = tmp_path / "a", tmp_path / "b"
+    a.save_pretrained(pa, max_shard_size="20KB")
+    b.save_pretrained(pb, max_shard_size="20KB")
+    assert (pa / "model.safetensors.index.json").is_file()
+    assert _max_diff(lf.align(a, b, "weight"), lf.align(pa, pb, "weight")) < 1e-10
+
+
+@pytest.mark.parametrize("kind", STREAMABLE)
+def test_streamed_apply_and_merge_equal_in_memory(tmp_path, tiny_row_blocks, kind):
+    (a, b), (pa, pb) = _saved(tmp_path, kind)
+    al = lf.align(pa, pb, "weight")
+    out = apply_to_path(al, pb, tmp_path / "aligned")
+    aligned = load_model(out)
+    assert type(aligned) is type(b)
+    _, got = standard_params(aligned)
+    _, want = standard_params(al.apply(b))
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-12
+    x = make_inputs(kind)
+    assert rel_err(logits(aligned, x), logits(b, x)) < (1e-5 if kind in HF_FP32_INSIDE else 1e-10)
+    merged = load_model(merge_paths([pa, pb], tmp_path / "merged", [None, al], weights=[0.25, 0.75]))
+    _, got = standard_params(merged)
+    _, raw_a = standard_params(a)
+    ref = prepare_params(al.spec, al.spec.arch, raw_a)
+    assert max(float((got[n] - (0.25 * ref[n] + 0.75 * want[n])).abs().max()) for n in want) < 1e-12
+
+
+def test_planted_symmetry_written_to_disk_is_recovered(tmp_path, tiny_row_blocks):
+    """B = g . A written streaming; weight matching of the two paths finds g^-1 (permutations exactly,
+    maps to 1e-6) and the aligned B written streaming is A's canonical form."""
+    a = make_model("llama", 5)
+    pa = tmp_path / "a"
+    save_model(a, pa)
+    arch, _ = standard_params(a)
+    truth = Alignment.random(canonical_spec(arch), seed=6)
+    pb = apply_to_path(truth, pa, tmp_path / "planted")
+    al = lf.align(pa, pb, "weight")
+    inv = truth.inverse()
+    for name, group in al.spec.groups.items():
+        for key, t in al[name].items():
+            if t.is_floating_point():
+                assert torch.allclose(t, inv[name][key], atol=1e-6), (name, key)
+            else:
+                assert torch.equal(t, inv[name][key]), (name, key)
+    back = load_model(apply_to_path(al, pb, tmp_path / "back"))
+    _, got = standard_params(back)
+    _, want = standard_params(lf.to_canonical(a))
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-8
+
+
+def test_hugging_face_output_keeps_its_format_sharded(tmp_path, monkeypatch):
+    from lmc_fast.stream import write
+
+    monkeypatch.setattr(write, "SHARD_BYTES", 30_000)
+    (a, b), (pa, pb) = _saved(tmp_path, "hf_llama")
+    al = lf.align(pa, pb, "weight")
+    out = tmp_path / "out"
+    apply_to_path(al, pb, out, dtype=torch.float32)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)  # transformers itself reads what we wrote
+    assert hf.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
+    x = make_inputs("hf_llama")
+    assert rel_err(logits(hf.double(), x), logits(b, x)) < 1e-5
+
+
+def test_tied_head_comes_out_untied(tmp_path):
+    a = make_model("gpt2", 0)
+    assert a.config.tie_word_embeddings
+    pa = tmp_path / "a"
+    save_model(a, pa)
+    truth = Alignment.random(canonical_spec(standard_params(a)[0]), seed=1)
+    out = load_model(apply_to_path(truth, pa, tmp_path / "g"))
+    assert not out.config.tie_word_embeddings
+    x = make_inputs("gpt2")
+    assert rel_err(logits(out, x), logits(a, x)) < 1e-10
+
+
+def test_streamed_reader_reads_one_tensor_and_rows(tmp_path):
+    (a,), (pa,) = _saved(tmp_path, "llama", seeds=(0,))
+    ck = StreamedCheckpoint(pa)
+    _, params = standard_params(a)
+    assert set(ck.shapes) == set(params)
+    assert torch.equal(ck.read("tok_embed.weight", (3, 7)), params["tok_embed.weight"][3:7])
+    assert ck.fingerprint() == lf.symmetry.model_fingerprint(a)
+
+
+@pytest.mark.parametrize("kind", FUSED)
+def test_fused_layouts_are_refused_in_one_line(tmp_path, kind):
+    (_, _), (pa, pb) = _saved(tmp_path, kind)
+    with pytest.raises(lf.UnsupportedModelError, match="cannot be streamed.*load_model"):
+        lf.align(pa, pb, "weight")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda a, pa, pb: lf.align(a, pb, "weight"), "both models or both checkpoint paths"),
+    (lambda a, pa, pb: lf.align(pa, pb, "weight", order="random"), "needs both models in memory"),
+    (lambda a, pa, pb: lf.align(pa, pb, "activation", data=[1]), "needs both models in memory"),
+    (lambda a, pa, pb: apply_to_path(Alignment.identity(canonical_spec(standard_params(a)[0])), pb, pb),
+     "overlaps the input"),
+    (lambda a, pa, pb: apply_to_path(Alignment.identity(canonical_spec(standard_params(a)[0])), pb, pb / "x"),
+     "overlaps the input"),
+    (lambda a, pa, pb: merge_paths([pa, pb], pa.parent / "m", weights=[0.5, 0.6]), "sum to 1"),
+    (lambda a, pa, pb: merge_paths([pa], pa.parent / "m"), "at least two"),
+])
+def test_bad_streamed_calls_are_refused(tmp_path, call, message):
+    (a, _), (pa, pb) = _saved(tmp_path, "llama")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=message):
+        call(a, pa, pb)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, nothing removed
+
+
+def test_alignment_for_another_model_is_refused(tmp_path):
+    (a, b), (pa, pb) = _saved(tmp_path, "llama")
+    al = lf.align(pa, pb, "weight")
+    from lmc_fast.symmetry.alignment import AlignmentMismatchError
+
+    with pytest.raises(AlignmentMismatchError, match="fingerprint"):
+        apply_to_path(al, pa, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
+    apply_to_path(al, pa, tmp_path / "forced", force=True)

@@ -1,0 +1,60 @@
+"""A streamed match's memory stays under a bound the in-memory path exceeds: each path in its own process,
+measuring its own high-water mark (VmHWM, reset after a warm-up that loads every library)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = r"""
+import json, sys, tempfile
+mode, pa, pb = sys.argv[1:4]
+import lmc_fast as lf
+import lmc_fast.stream.pieces as pieces
+from lmc_fast.io import load_model, save_model
+pieces.ROW_BLOCK_BYTES = 4 * 2**20
+sys.path.insert(0, sys.argv[4])
+from zoo import make_model
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+d = tempfile.mkdtemp()
+save_model(make_model("llama", 0), d + "/a"); save_model(make_model("llama", 1), d + "/b")
+lf.align(d + "/a", d + "/b", "weight", max_iter=2)  # every library loaded and used once
+lf.align(load_model(d + "/a"), load_model(d + "/b"), "weight", max_iter=2)
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+rss = status("VmRSS:")
+if mode == "stream":
+    al = lf.align(pa, pb, "weight", max_iter=2)
+else:
+    al = lf.align(load_model(pa), load_model(pb), "weight", max_iter=2)
+print(json.dumps({"peak": status("VmHWM:") - rss, "objective": al.info["objective"][-1]}))
+"""
+
+
+def _peak(mode, pa, pb) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    tests = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(pa), str(pb), tests], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_streamed_match_stays_under_the_pair_size_that_in_memory_exceeds(tmp_path):
+    from lmc_fast.stream.generate import llama_on_meta, write_random
+
+    model = llama_on_meta("llama-tiny", vocab_size=32000)  # 19.6M parameters, most in the embedding and head
+    pa, pb = write_random(tmp_path / "a", model, 0), write_random(tmp_path / "b", model, 1)
+    n = sum(p.numel() for p in model.parameters())
+    pair_f64 = 2 * 8 * n  # what the in-memory path holds at least: both canonical forms in float64
+    streamed, in_memory = _peak("stream", pa, pb), _peak("memory", pa, pb)
+    assert streamed["objective"] == pytest.approx(in_memory["objective"], rel=1e-9)
+    assert in_memory["peak"] > pair_f64, (in_memory, pair_f64)
+    assert streamed["peak"] < 0.6 * pair_f64, (streamed, pair_f64)
