@@ -201,3 +201,39 @@ def test_alignment_for_another_model_is_refused(tmp_path):
         apply_to_path(al, pa, tmp_path / "wrong")
     assert not (tmp_path / "wrong").exists()
     apply_to_path(al, pa, tmp_path / "forced", force=True)
+
+
+def _eval_data(kind, batches=2):
+    from zoo import make_targets
+
+    out = []
+    for s in range(batches):
+        x = make_inputs(kind, seed=s)
+        out.append((x, make_targets(kind, x, seed=s)))
+    return out
+
+
+@pytest.mark.parametrize("kind", STREAMABLE)
+def test_streamed_barrier_equals_the_fused_engine(tmp_path, tiny_row_blocks, kind):
+    (a, b), (pa, pb) = _saved(tmp_path, kind)
+    data = _eval_data(kind)
+    al = lf.align(pa, pb, "weight")
+    for kwargs, models in (({"align": al}, (a, al.apply(b))), ({"space": "raw"}, (a, b))):
+        mem = lf.barrier(*models, data, lambdas=5, dtype=torch.float64, space=kwargs.get("space", "canonical"))
+        streamed = lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, **kwargs)
+        assert streamed.engine == "streamed" and streamed.streamed["bytes_read"] > 0
+        for field in ("loss", "acc", "ece"):
+            assert getattr(streamed, field) == pytest.approx(getattr(mem, field), abs=1e-12), field
+        assert streamed.barrier == pytest.approx(mem.barrier, abs=1e-12)
+
+
+def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
+    (a, _), (pa, pb) = _saved(tmp_path, "llama")
+    data = _eval_data("llama")
+    with pytest.raises(ValueError, match="adaptive"):
+        lf.barrier(pa, pb, data, lambdas="adaptive")
+    with pytest.raises(ValueError, match="both models or both checkpoint paths"):
+        lf.barrier(a, pb, data)
+    bad = [(torch.full((2, 5), 999), torch.zeros(2, 5, dtype=torch.long))]
+    with pytest.raises(ValueError, match="token id"):
+        lf.barrier(pa, pb, bad)

@@ -25,6 +25,10 @@ def register(subparsers, parents):
     m.add_argument("--alpha", type=finite_positive_float, default=1.0, help="Dirichlet concentration")
     m.add_argument("--eval-batches", type=positive_int, default=None,
                    help="evaluate on at most N test batches (default: all)")
+    m.add_argument("--stream", action="store_true",
+                   help="weight / permutation matching, --mode reference: stream the checkpoints a layer at a time "
+                        "and write aligned_<i>/ and merged/ shard by shard (models of any size; no evaluation, "
+                        "no simplex sweep)")
     m.add_argument("--out", required=True,
                    help="output folder; merge writes only aligned_<i>/, alignment_<i>.safetensors, merged/, "
                         "merge.json and simplex.png in it")
@@ -55,6 +59,8 @@ def run(args, con: Console) -> int:
     for path in entries["alignments"] + [entries["json"], entries["simplex"]]:
         outputs.file("--out", path)
     outputs.check()
+    if args.stream:
+        return _run_streamed(args, con, entries)
 
     models = [load(p, args.device) for p in args.models]
     needs_data = args.method in DATA_METHODS
@@ -103,6 +109,42 @@ def run(args, con: Console) -> int:
                 + ", ".join(f"{e['loss']:.4f}" for e in result["model_eval"]) + ")")
         msg += f"; simplex worst excess {result['simplex']['worst']['excess']:.4f}" if result["simplex"]["worst"] else ""
     con.out(msg)
+    return 0
+
+
+def _run_streamed(args, con: Console, entries: dict) -> int:
+    """merge --stream: each model aligned to the first from the checkpoints, outputs written shard by shard."""
+    import lmc_fast as lf
+
+    from ..io import write_json
+    from ..match.methods import method as method_entry
+    from ..stream.paths import apply_to_path, merge_paths
+    from ..symmetry import Alignment
+
+    entry = method_entry(args.method)
+    if entry.stream is None:
+        raise CLIError(f"--stream takes --method weight or permutation, not {args.method}")
+    if (args.mode or "reference") != "reference":
+        raise CLIError("--stream aligns every model to the first: it takes --mode reference, not mean")
+    if args.data:
+        raise CLIError("--stream does not evaluate: drop --data (sweep the merged folder with lmc-fast sweep)")
+    n = len(args.models)
+    con.log(f"aligning {n} models ({args.method} matching, mode reference, streamed)")
+    t0 = time.perf_counter()
+    alignments = [lf.align(args.models[0], p, args.method, seed=args.seed, progress=not args.quiet)
+                  for p in args.models[1:]]
+    identity = Alignment.identity(alignments[0].spec)
+    align_seconds = time.perf_counter() - t0
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    for i, (path, al) in enumerate(zip(args.models, [identity, *alignments])):
+        apply_to_path(al, path, entries["aligned"][i])
+        al.save(entries["alignments"][i])
+    merge_paths(args.models, entries["merged"], [None, *alignments])
+    write_json(entries["json"], {"kind": "merge", "models": list(args.models), "method": args.method,
+                                 "mode": "reference", "space": identity.spec.space, "streamed": True,
+                                 "align_seconds": align_seconds, "seconds": time.perf_counter() - t0, "date": now()})
+    con.out(f"merged {n} models ({args.method}, reference, streamed) in {time.perf_counter() - t0:.1f} s "
+            f"-> {entries['merged']}")
     return 0
 
 

@@ -168,22 +168,26 @@ def mlp(arch: Arch, p, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
     return ops.linear(z, b + "fc2")
 
 
+def block(arch: Arch, p, l: int, h: torch.Tensor, record=None) -> torch.Tensor:
+    """The residual stream after block `l` (a streamed sweep runs them one at a time)."""
+    ops = _ops(arch, p)
+    if record is not None:
+        record(f"resid.{l}", h)
+    b = f"blocks.{l}."
+    if arch.post_norm:  # BERT: each sum is normalised on the stream itself
+        h = ops.norm(h + attention(arch, ops, l, h, record), b + "ln1")
+        return ops.norm(h + mlp(arch, ops, l, h, record), b + "ln2")
+    if arch.parallel:  # both branches read the same stream (GPT-NeoX's use_parallel_residual)
+        a = attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
+        return h + a + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
+    h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
+    return h + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
+
+
 def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     ops = _ops(arch, p)
     for l in range(arch.n_layer):
-        if record is not None:
-            record(f"resid.{l}", h)
-        b = f"blocks.{l}."
-        if arch.post_norm:  # BERT: each sum is normalised on the stream itself
-            h = ops.norm(h + attention(arch, ops, l, h, record), b + "ln1")
-            h = ops.norm(h + mlp(arch, ops, l, h, record), b + "ln2")
-            continue
-        if arch.parallel:  # both branches read the same stream (GPT-NeoX's use_parallel_residual)
-            a = attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
-            h = h + a + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
-            continue
-        h = h + attention(arch, ops, l, ops.norm(h, b + "ln1"), record)
-        h = h + mlp(arch, ops, l, ops.norm(h, b + "ln2"), record)
+        h = block(arch, ops, l, h, record)
     if record is not None:
         record(f"resid.{arch.n_layer}", h)
     return h

@@ -48,6 +48,8 @@ class BarrierResult:
     reliability: list[dict] | None = None
     # lambdas="adaptive": evaluations, rounds, peak_resolved, tol (None for a fixed grid)
     adaptive: dict | None = None
+    # checkpoint paths swept a layer at a time (sweep/streamed.py): bytes_read, tokens, lambdas; else None
+    streamed: dict | None = None
 
     @property
     def loss_barrier(self) -> float:
@@ -102,8 +104,14 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
             max_batches: int | None = None, device=None, dtype=None, chunk: int = 32,
             max_tokens: int | None = None, kernel="auto", tf32: bool | None = None,
             progress: bool = False, distributed: bool | None = None,
-            max_memory: int | None = None, checkpoint=None, checkpoint_every: int = 16) -> BarrierResult:
+            max_memory: int | None = None, checkpoint=None, checkpoint_every: int = 16,
+            align=None) -> BarrierResult:
     """Evaluate the linear path from model_a (lambda = 0) to model_b (lambda = 1).
+
+    `align` (an Alignment of model_b onto model_a): sweep to the aligned B, in the alignment's space.
+    `model_a` and `model_b` may be checkpoint paths: the sweep then streams them a layer at a time
+    (`sweep/streamed.py`: every evaluation batch's K mixtures carried through together, each layer read
+    once; memory one layer of each model plus the activations), on the CPU, dtype float32 unless given.
 
     `lambdas`: a count (evenly spaced, ends included), explicit values in [0, 1], or "adaptive"
     (`sweep.adaptive.Adaptive` for other settings): a coarse grid refined at the peak until it stops
@@ -129,6 +137,17 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     by a hash of the models, lambdas and settings, and the data are checked as they are read:
     a record made for other inputs is recomputed, never trusted (`sweep/resume.py`).
     """
+    import os
+
+    if isinstance(model_a, (str, os.PathLike)) or isinstance(model_b, (str, os.PathLike)):
+        if not (isinstance(model_a, (str, os.PathLike)) and isinstance(model_b, (str, os.PathLike))):
+            raise ValueError("model_a and model_b must be both models or both checkpoint paths")
+        from .streamed import barrier_paths
+
+        return barrier_paths(model_a, model_b, data, lambdas, align=align, space=space, max_batches=max_batches,
+                             dtype=dtype or __import__("torch").float32, progress=progress)
+    if align is not None:
+        model_b, space = align.apply(model_b), align.spec.space
     p0 = next(model_a.parameters())
     options = EvalOptions(engine=public_engine(engine), dtype=dtype or p0.dtype, device=device or p0.device,
                           chunk=chunk, max_tokens=max_tokens, kernel=kernel, tf32=tf32, max_batches=max_batches,
