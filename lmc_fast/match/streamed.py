@@ -14,8 +14,14 @@ from .weighting import token_weights
 
 def align_streamed(path_a, path_b, space: str, heads: bool = True, *, dtype=None, progress: bool = False,
                    seed: int = 0, max_iter: int = 100, tol: float = 1e-4, order: str = "structured",
-                   weighting: str | None = None, token_counts=None, init: str = "anchor", polish_iter: int = 10):
-    """The alignment of checkpoint `path_b` onto `path_a` (folders or files `load_model` reads)."""
+                   weighting: str | None = None, token_counts=None, init: str = "anchor", polish_iter: int = 10,
+                   distributed: bool | None = None):
+    """The alignment of checkpoint `path_b` onto `path_a` (folders or files `load_model` reads).
+
+    Inside a torch.distributed group of several ranks (torchrun), or with `distributed=True`, the layers are
+    split across the ranks (rank r takes blocks r, r + world, ...): each solves its layers' groups, the
+    residual's statistics are all-reduced and every rank returns the whole alignment. Call it on every rank."""
+    from ..sweep.shard import shard_of
     from ..stream.checkpoint import StreamedCheckpoint
     from ..stream.pieces import StreamedPair
 
@@ -33,7 +39,8 @@ def align_streamed(path_a, path_b, space: str, heads: bool = True, *, dtype=None
         if "tok_embed.weight" not in a.shapes:
             raise ValueError("token_counts needs a language model (no tok_embed.weight among its parameters)")
         prior = token_weights(token_counts, a.shapes["tok_embed.weight"][0])
-    pair = StreamedPair(a, b, spec, dtype, weighting=weighting, prior=prior,
+    shard = shard_of(distributed)
+    pair = StreamedPair(a, b, spec, dtype, weighting=weighting, prior=prior, shard=shard,
                         anchor_weighting="per_tensor" if init == "anchor_per_tensor" else weighting)
     bar = progress_bar(progress, "weight matching (streamed)", max_iter)
     elements, info = match_pieces(spec, pair, max_iter=max_iter, tol=tol, init=init, polish_iter=polish_iter,
@@ -41,7 +48,8 @@ def align_streamed(path_a, path_b, space: str, heads: bool = True, *, dtype=None
     if bar is not None:
         bar.close()
     info.update(weighting=weighting, token_prior=prior is not None, streamed=True,
-                bytes_read=pair.blocks.bytes_read, fingerprint_a=a.fingerprint(), fingerprint_b=b.fingerprint())
+                bytes_read=pair.reduce(pair.blocks.bytes_read), bytes_read_here=pair.blocks.bytes_read,
+                ranks=1 if shard is None else shard[1], fingerprint_a=a.fingerprint(), fingerprint_b=b.fingerprint())
     if space == "raw":
         info["method"], info["heads"] = "permutation", heads
     return solved_alignment(spec, elements, info, dtype)

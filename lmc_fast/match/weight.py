@@ -47,11 +47,24 @@ class Piece(NamedTuple):
 
 
 class InMemoryPair:
-    """Both models in memory: a single piece (so every layer's groups are solved in one batched call)."""
+    """Both models in memory: a single piece (so every layer's groups are solved in one batched call).
+
+    A source of pieces also says how its statistics add up across processes: `reduce` (a sum over ranks of
+    a tensor or number), `reduce_max`, and `share` (each layer group's element from the rank that solved
+    it); here, in one process, all three are the identity."""
 
     def __init__(self, ref: dict, pb: dict, anchor_ref: dict):
         self.ref, self.pb, self.anchor_ref = ref, pb, anchor_ref
         self.dtype = ref[next(iter(ref))].dtype
+
+    def reduce(self, x):
+        return x
+
+    def reduce_max(self, x: float) -> float:
+        return x
+
+    def share(self, elements: dict) -> None:
+        pass
 
     def pieces(self, names=None, anchor: bool = False):
         """The one piece; `names` (a predicate on parameter names) keeps only some parameters."""
@@ -67,6 +80,11 @@ def _within(group, params):
 
 def _add(total, term):
     return term if total is None else total + term
+
+
+def _zeros_if_none(C, group, dtype):
+    """A rank whose pieces hold none of the group's axes adds a zero statistic."""
+    return torch.zeros(group.size, group.size, dtype=dtype) if C is None else C
 
 
 def _local_in(spec: Spec, local: list[str], piece: dict) -> list[str]:
@@ -86,6 +104,9 @@ def _anchor_residual(spec: Spec, source) -> tuple:
         part = _within(res, [p for p in piece.anchor if p not in local])
         if part is not None:
             C = _add(C, solve.correlation(part, piece.anchor, piece.b))
+    value = source.reduce(value)
+    if res is not None:
+        C = source.reduce(_zeros_if_none(C, res, source.dtype))
     if C is None or not all_finite(C) or C.abs().max() == 0:
         return None, value
     anchor = dataclasses.replace(res, axes=tuple(ax for ax in res.axes if ax.param not in local))
@@ -114,9 +135,11 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
         if part is not None:
             C = _add(C, matcher_of(part).correlation(part, piece.a, pb_other))
         value += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
+    value, before = source.reduce(value), source.reduce(before)
     if res is not None:
         group = spec.groups[res]
         m = matcher_of(group)
+        C = source.reduce(_zeros_if_none(C, group, source.dtype))
         elements[res] = m.solve([group], [C], warm=warm, key=res)[0]
         value += m.value(group, C, elements[res])
     return value, (before if first else None)
@@ -141,10 +164,11 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
         if part is not None:
             C_fixed = _add(C_fixed, solve.correlation(part, piece.a, pb_fixed))
         value_fixed += solve.objective(piece.a, pb_fixed, [p for p in piece.a if p not in residual_params])
+    C_fixed, value_fixed = source.reduce(_zeros_if_none(C_fixed, res, source.dtype)), source.reduce(value_fixed)
     polished, value = 0, float("nan")
     for polished in range(1, polish_iter + 1):
         before = {n: dict(e) for n, e in elements.items()}
-        C, value_moving = C_fixed, 0.0
+        C, value_moving = None, 0.0
         for piece in source.pieces(names=moving.__contains__):
             in_piece = _local_in(spec, heads, piece.a)
             if in_piece:
@@ -156,9 +180,10 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
                 C = _add(C, solve.correlation(part, piece.a, pb_other))
             # e.g. query biases: head maps, no residual axis
             value_moving += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
+        C = C_fixed + source.reduce(_zeros_if_none(C, res, source.dtype))
         elements[spec.residual] = m.solve([res], [C])[0]
-        value = m.value(res, C, elements[spec.residual]) + value_fixed + value_moving
-        if _max_change(spec, before, elements) < polish_tol:
+        value = m.value(res, C, elements[spec.residual]) + value_fixed + source.reduce(value_moving)
+        if source.reduce_max(_max_change(spec, before, elements)) < polish_tol:  # every rank stops together
             break
     return polished, value
 
@@ -242,6 +267,7 @@ def match_pieces(spec: Spec, source, *, max_iter: int = 100, tol: float = 1e-4, 
             and matcher_of(spec.groups[spec.residual]).has_maps(spec.groups[spec.residual])):
         polished, value = _polish(spec, source, elements, local, residual_params, polish_iter, polish_tol)
         history.append(value)
+    source.share(elements)  # each layer group's element from the rank that solved it
     info = {"method": "weight", "order": "structured", "init": init, "iterations": it,
             "polish_iterations": polished, "objective": history, "objective_identity": objective_identity,
             "seconds": time.perf_counter() - t0}
@@ -283,9 +309,13 @@ def _random_order(spec: Spec, pa: dict, pb: dict, anchor_ref: dict, *, max_iter:
     return elements, info
 
 
-def _align(model_a, model_b, space: str, heads: bool, dtype, progress: bool, **options) -> Alignment:
+def _align(model_a, model_b, space: str, heads: bool, dtype, progress: bool, distributed=None,
+           **options) -> Alignment:
     from .pair import params_pair, progress_bar, solved_alignment
 
+    if distributed:
+        raise ValueError("distributed matching splits the layers of checkpoints streamed from disk: pass the two "
+                         "checkpoint paths, not models")
     dtype = dtype or torch.float64
     spec, pa, pb = params_pair(model_a, model_b, space, heads=heads, dtype=dtype)
     bar = progress_bar(progress, "weight matching" if space == "canonical" else "permutation matching",
@@ -300,17 +330,18 @@ def _align(model_a, model_b, space: str, heads: bool, dtype, progress: bool, **o
 
 def align_by_weights(model_a, model_b, data=None, *, dtype=None, progress: bool = False, seed: int = 0,
                      max_iter: int = 100, tol: float = 1e-4, order: str = "structured", weighting: str | None = None,
-                     token_counts=None) -> Alignment:
+                     token_counts=None, distributed: bool | None = None) -> Alignment:
     """Method "weight" on two models: weight matching of every group in canonical space."""
-    return _align(model_a, model_b, "canonical", True, dtype, progress, seed=seed, max_iter=max_iter, tol=tol,
-                  order=order, weighting=weighting or "sum", token_counts=token_counts)
+    return _align(model_a, model_b, "canonical", True, dtype, progress, distributed, seed=seed, max_iter=max_iter,
+                  tol=tol, order=order, weighting=weighting or "sum", token_counts=token_counts)
 
 
 def align_by_permutations(model_a, model_b, data=None, *, heads: bool | None = True, dtype=None,
                           progress: bool = False, seed: int = 0, max_iter: int = 100, tol: float = 1e-4,
-                          order: str = "structured", weighting: str | None = None) -> Alignment:
+                          order: str = "structured", weighting: str | None = None,
+                          distributed: bool | None = None) -> Alignment:
     """Method "permutation" on two models: Git Re-Basin's weight matching on raw parameters, permuting
     the residual, MLP units and, unless `heads` is False, whole heads."""
     heads = heads is not False
-    return _align(model_a, model_b, "raw", heads, dtype, progress, seed=seed, max_iter=max_iter, tol=tol,
-                  order=order, weighting=weighting or "sum")
+    return _align(model_a, model_b, "raw", heads, dtype, progress, distributed, seed=seed, max_iter=max_iter,
+                  tol=tol, order=order, weighting=weighting or "sum")

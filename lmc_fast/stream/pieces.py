@@ -29,7 +29,7 @@ class Blocks:
     tensor at a time, handed over in `dtype`), with {name: (start, stop)} of the row blocks in it."""
 
     def __init__(self, cks: list[StreamedCheckpoint], spec: Spec, dtype=torch.float64,
-                 row_block_bytes: int | None = None):
+                 row_block_bytes: int | None = None, shard: tuple[int, int] | None = None):
         first = cks[0]
         for other in cks[1:]:
             if other.shapes != first.shapes:
@@ -52,6 +52,9 @@ class Blocks:
                  and all(g.role == "residual" and ax.axis != 0 for g, ax in spec.axes_of(n))]
         self.row_block = {n: max(1, row_block_bytes // (8 * max(1, math.prod(self.shapes[n][1:])))) for n in rowed}
         self.bytes_read = 0
+        # (rank, world): this rank takes blocks rank, rank + world, ... (the same ones on every pass, so
+        # a layer's groups are always solved where they were before)
+        self.shard = shard
 
     def _read(self, ck: StreamedCheckpoint, name: str, rows=None) -> torch.Tensor:
         t = ck.read(name, rows, dtype=ck.dtype)  # as stored: the canonical form casts one tensor at a time
@@ -65,7 +68,9 @@ class Blocks:
 
     def __call__(self, names=None):
         """Yield ([each model's part], rows); `names`: a predicate choosing the parameters wanted."""
-        for block in self.blocks:
+        for index, block in enumerate(self.blocks):
+            if self.shard is not None and index % self.shard[1] != self.shard[0]:
+                continue
             want = [n for n in block if names is None or names(n)]
             if not want:
                 continue
@@ -91,20 +96,56 @@ class StreamedPair:
 
     def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
                  weighting: str = "sum", anchor_weighting: str | None = None, prior=None,
-                 row_block_bytes: int | None = None):
-        self.blocks = Blocks([a, b], spec, dtype, row_block_bytes)
+                 row_block_bytes: int | None = None, shard: tuple[int, int] | None = None):
+        self.spec, self.shard = spec, shard
+        self.blocks = Blocks([a, b], spec, dtype, row_block_bytes, shard)
         self.dtype = dtype
         self.weighting, self.anchor_weighting, self.prior = weighting, anchor_weighting or weighting, prior
         self.norms = self._norms() if "sum" != self.weighting or self.anchor_weighting != "sum" else None
 
     def _norms(self) -> tuple[dict, dict]:
-        """||A_p||, ||B_p|| of the tensors in the spec's space, summed over row blocks (per-tensor weighting)."""
+        """||A_p||, ||B_p|| of the tensors in the spec's space, summed over row blocks (per-tensor weighting).
+        Each rank needs only its own blocks' norms."""
         sq = ({}, {})
         for parts, _ in self.blocks():
             for acc, part in zip(sq, parts):
                 for n, t in part.items():
                     acc[n] = acc.get(n, 0.0) + float(t.double().pow(2).sum())
         return tuple({n: math.sqrt(v) for n, v in acc.items()} for acc in sq)
+
+    # ---- across ranks (see match/weight.py InMemoryPair): gloo all-reduces, elements broadcast by owner
+    def reduce(self, x):
+        if self.shard is None:
+            return x
+        import torch.distributed as dist
+
+        t = x.clone() if isinstance(x, torch.Tensor) else torch.tensor(float(x), dtype=torch.float64)
+        dist.all_reduce(t)
+        return t if isinstance(x, torch.Tensor) else float(t)
+
+    def reduce_max(self, x: float) -> float:
+        if self.shard is None:
+            return x
+        import torch.distributed as dist
+
+        t = torch.tensor(float(x), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    def share(self, elements: dict) -> None:
+        if self.shard is None:
+            return
+        import torch.distributed as dist
+
+        home = {n: i for i, blk in enumerate(self.blocks.blocks) for n in blk}
+        for name, g in self.spec.groups.items():
+            if not g.layer_local:
+                continue
+            owner = home[g.axes[0].param] % self.shard[1]
+            for key in sorted(elements[name]):
+                t = elements[name][key].contiguous()
+                dist.broadcast(t, src=owner)
+                elements[name][key] = t
 
     def pieces(self, names=None, anchor: bool = False):
         for (pa, pb), rows in self.blocks(names):

@@ -145,7 +145,7 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
         from .streamed import barrier_paths
 
         return barrier_paths(model_a, model_b, data, lambdas, align=align, space=space, max_batches=max_batches,
-                             dtype=dtype or __import__("torch").float32, progress=progress)
+                             dtype=dtype or __import__("torch").float32, progress=progress, distributed=distributed)
     if align is not None:
         model_b, space = align.apply(model_b), align.spec.space
     p0 = next(model_a.parameters())

@@ -71,9 +71,12 @@ class MixedOps:
 
 
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
-                  max_batches: int | None = None, progress: bool = False):
+                  max_batches: int | None = None, progress: bool = False, distributed: bool | None = None):
     """The BarrierResult of the linear path from checkpoint `path_a` to `path_b` (B moved by `align`, in its
-    space; else `space`), streamed. Lambdas as `lf.barrier` takes them (a count or values; not adaptive)."""
+    space; else `space`), streamed. Lambdas as `lf.barrier` takes them (a count or values; not adaptive).
+    Under torchrun (or `distributed=True`) each rank carries its share of the batches and the metric sums
+    are all-reduced, as in the fused engine (sweep/shard.py): every rank returns the whole result."""
+    from .shard import reduce_sums, shard_of
     from ..stream.checkpoint import StreamedCheckpoint
     from ..stream.pieces import Blocks
 
@@ -92,7 +95,11 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     else:
         spec = spec_for(a.arch, space)
     arch = spec.arch
+    shard = shard_of(distributed)
     batches = _batches(reiterable(data), spec_from_model(a.model), max_batches)
+    total_tokens = sum(x.numel() for x, _ in batches)
+    if shard is not None:
+        batches = batches[shard[0]::shard[1]]
     blocks = Blocks([a, b], spec, dtype)
     weights = torch.tensor([[1.0 - l, l] for l in points], dtype=torch.float64)
     ops = MixedOps(arch, weights, dtype)
@@ -101,7 +108,8 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     embed_names = set(Fn.embedding_names(arch))
     # the parameters around the layers (the embeddings' norm, the head) whole, the token table a row
     # block at a time keeping only the rows the batches use
-    ids = torch.cat([x.reshape(-1) for x, _ in batches]).unique() if arch.inputs == "tokens" else None
+    ids = (torch.cat([x.reshape(-1) for x, _ in batches]).unique() if batches else torch.zeros(0, dtype=torch.long)) \
+        if arch.inputs == "tokens" else None
     tables, pending = [None, None], [{}, {}]
     for parts, rows in blocks(lambda n: not layer(n)):
         for i, part in enumerate(aligned(parts)):
@@ -142,10 +150,11 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
             one = MixedOps(arch, weights[k:k + 1], dtype)
             one.p = ops.p
             sums[k].add(Fn.head(arch, one, h[k:k + 1])[0], y)
+    sums = reduce_sums(sums, shard)
     rows = {lam: s.result() for lam, s in zip(points, sums)}
     res = barrier_result(lams, rows, spec.space, "streamed", time.perf_counter() - t0)
-    res.streamed = {"bytes_read": blocks.bytes_read, "tokens": sum(x.numel() for x, _ in batches),
-                    "lambdas": len(points)}
+    res.streamed = {"bytes_read": blocks.bytes_read, "tokens": total_tokens, "lambdas": len(points),
+                    "ranks": 1 if shard is None else shard[1]}
     return res
 
 

@@ -1,0 +1,72 @@
+"""Streamed matching and sweeps under torchrun: 2 gloo ranks split the layers (matching) and the batches
+(the barrier), all-reduce the statistics, and every rank returns what one process returns."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, sys
+import torch
+import lmc_fast as lf
+sys.path.insert(0, sys.argv[5])
+from zoo import make_inputs, make_targets
+torch.set_num_threads(1)
+pa, pb, out, mode = sys.argv[1:5]
+two = mode == "two"
+al = lf.align(pa, pb, "weight", distributed=True if two else None)
+data = [(x, make_targets("llama", x, seed=s)) for s, x in ((s, make_inputs("llama", seed=s)) for s in range(3))]
+res = lf.barrier(pa, pb, data, lambdas=5, align=al, dtype=torch.float64, distributed=True if two else None)
+rank = torch.distributed.get_rank() if two else 0
+al.save(f"{out}.{rank}.safetensors")
+json.dump({"objective": al.info["objective"], "ranks": al.info["ranks"], "barrier": res.to_dict(),
+           "read": al.info["bytes_read"], "read_here": al.info["bytes_read_here"]},
+          open(f"{out}.{rank}.json", "w"))
+"""
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+def test_two_gloo_ranks_equal_one_process(tmp_path):
+    from lmc_fast.io import save_model
+    from lmc_fast.symmetry import Alignment
+    from zoo import make_model
+
+    pa, pb = tmp_path / "a", tmp_path / "b"
+    save_model(make_model("llama", 0, n_layer=3), pa)  # 3 layers + the outer block: ranks take 2 blocks each
+    save_model(make_model("llama", 1, n_layer=3), pb)
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    tests = str(Path(__file__).parent)
+    subprocess.run([sys.executable, str(script), pa, pb, tmp_path / "one", "one", tests], env=_env(), check=True,
+                   timeout=300)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), pa, pb, tmp_path / "two", "two", tests], env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = Alignment.load(tmp_path / "one.0.safetensors")
+    r1 = json.loads((tmp_path / "one.0.json").read_text())
+    for rank in range(2):
+        two = Alignment.load(tmp_path / f"two.{rank}.safetensors")
+        for name, el in one.elements.items():
+            for key, t in el.items():
+                u = two.elements[name][key]
+                if t.is_floating_point():
+                    assert torch.allclose(t, u, atol=1e-10), (name, key)
+                else:
+                    assert torch.equal(t, u), (name, key)
+        r2 = json.loads((tmp_path / f"two.{rank}.json").read_text())
+        assert r2["ranks"] == 2 and r1["ranks"] == 1
+        assert r2["read"] == r1["read"] and 0 < r2["read_here"] < 0.8 * r1["read"]  # each rank read its share
+        assert r2["objective"] == pytest.approx(r1["objective"], rel=1e-12)
+        for key in ("loss", "acc", "ece"):
+            assert r2["barrier"][key] == pytest.approx(r1["barrier"][key], rel=1e-9, abs=1e-12), key
+        assert r2["barrier"]["streamed"]["ranks"] == 2
