@@ -25,7 +25,7 @@ def test_python_blocks_run(tmp_path, monkeypatch):
         save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), f"demo_out/models/seed{s}",
                    metadata={"data": "digits"})
     code = blocks("python")
-    assert len(code) == 3
+    assert len(code) == 4
     namespace = {}
     for block in code:
         # as written, except far fewer optimisation steps (the test checks that it runs, not how well)

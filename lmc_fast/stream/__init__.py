@@ -5,3 +5,7 @@
 - write.py: an aligned or merged checkpoint written tensor by tensor, in the input's format;
 - paths.py: `align_paths`, `apply_to_path`, `merge_paths`: the public entry points on paths.
 """
+
+from .paths import apply_to_path, merge_paths
+
+__all__ = ["apply_to_path", "merge_paths"]
