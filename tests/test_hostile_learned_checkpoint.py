@@ -87,6 +87,13 @@ def _short(field):
     return edit
 
 
+def _zeroed(field):
+    """Right dtype and length, but no state a generator can take (set_state raised RuntimeError)."""
+    def edit(state):
+        state[field] = torch.zeros_like(state[field])
+    return edit
+
+
 # (case id, edit of the unpacked state); every one is refused, the run starts afresh
 DAMAGED = [
     ("best-element-not-a-bijection", _bad_best_perm),
@@ -102,6 +109,8 @@ DAMAGED = [
     ("adam-lr-edited", _lr),
     ("generator-state-short", _short("generator")),
     ("torch-rng-state-short", _short("torch_rng")),
+    ("generator-state-invalid", _zeroed("generator")),
+    ("torch-rng-state-invalid", _zeroed("torch_rng")),
     ("step-past-the-end", _loop("step", lambda s: s + 100)),
     ("step-negative", _loop("step", lambda s: -s)),
     ("step-as-string", _loop("step", str)),
@@ -154,8 +163,23 @@ def _other_safetensors(tmp_path):
     return path
 
 
+def _alignment_file(tmp_path):
+    """The library's own file, of another kind (its lmc_fast metadata is no checkpoint's)."""
+    path = tmp_path / "al.safetensors"
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    lf.align(a, b, "weight", max_iter=2).save(path)
+    return path
+
+
+def _empty_file(tmp_path):
+    path = tmp_path / "empty.ckpt"
+    path.write_bytes(b"")
+    return path
+
+
 # (case id, maker of a path holding something the library did not write as a checkpoint)
-NOT_OURS = [("model-file", _model_file), ("text-file", _text_file), ("other-safetensors", _other_safetensors)]
+NOT_OURS = [("model-file", _model_file), ("text-file", _text_file), ("other-safetensors", _other_safetensors),
+            ("alignment-file", _alignment_file), ("empty-file", _empty_file)]
 
 
 @pytest.mark.parametrize("case", NOT_OURS, ids=[c[0] for c in NOT_OURS])

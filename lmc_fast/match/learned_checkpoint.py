@@ -190,6 +190,16 @@ def _tensor_like(t, like: torch.Tensor, what: str, finite: bool = True) -> torch
     return t
 
 
+def _rng_state(t, like: torch.Generator, what: str) -> None:
+    """A state `like` can take: its dtype and length, and content its set_state accepts (tried on a
+    scratch generator, so a refusal comes here, before anything is restored, not as a RuntimeError after)."""
+    _tensor_like(t, like.get_state(), what)
+    try:
+        torch.Generator(device=like.device).set_state(t)
+    except RuntimeError as exc:
+        raise ValueError(f"{what} is not one a generator can take ({' '.join(str(exc).split())})") from None
+
+
 def _check_latents(module, saved) -> None:
     mine = module.state_dict()
     _need(isinstance(saved, dict) and set(saved) == set(mine), "latents of another layout")
@@ -319,8 +329,8 @@ def load(path, key: str, module, opt, sched, gen: torch.Generator, limits: dict)
         _check_warm(module, state["warm"])
         _check_adam(opt, params, state["adam"], loop["step"])
         _check_schedule(sched, state["scheduler"], state["adam"], loop["step"])
-        _tensor_like(state["generator"], gen.get_state(), "generator state")
-        _tensor_like(state["torch_rng"], torch.get_rng_state(), "torch RNG state")
+        _rng_state(state["generator"], gen, "generator state")
+        _rng_state(state["torch_rng"], torch.default_generator, "torch RNG state")
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
         warnings.warn(f"{path}: damaged learned-matching checkpoint ({exc}); starting afresh", stacklevel=3)
         return None
