@@ -23,6 +23,7 @@ BAD = [
     ("max-iter-fraction", "weight", "max_iter", 2.5, "max_iter must be a whole number"),
     ("tol-nan", "weight", "tol", float("nan"), "tol must be a finite number"),
     ("seed-negative", "weight", "seed", -1, "seed must be a whole number"),
+    ("token-counts-a-number", "weight", "token_counts", 5, "token_counts must be a vocab-length counts vector"),
     ("permutation-max-iter-zero", "permutation", "max_iter", 0, "max_iter must be a whole number"),
     ("activation-max-batches-zero", "activation", "max_batches", 0, "max_batches must be a whole number"),
     ("steps-negative", "learned", "steps", -3, "steps must be a whole number"),
@@ -64,37 +65,65 @@ def test_a_validation_fraction_leaves_a_training_batch():
     assert al.info["steps"] == 2
 
 
-def _grid_spec(options, methods=("none", "learned")):
+def _grid_spec(options, methods=("none", "learned"), table="learned"):
     return {"data": {"spec": "digits", "max_batches": 2, "batch_size": 8},
             "models": {"paths": ["/nonexistent/a", "/nonexistent/b"]},
-            "grid": {"pairs": "all", "methods": list(methods), "lambdas": 3}, "methods": {"learned": options}}
+            "grid": {"pairs": "all", "methods": list(methods), "lambdas": 3}, "methods": {table: options}}
 
 
-# (NaN is refused by the spec's value check already; checkpoint_every is no grid option)
-GRID_BAD = [c for c in BAD if c[1] == "learned" and c[2] != "checkpoint_every" and c[0] != "lr-nan"]
+# every method's cases (checkpoint_every is no grid option); a TOML value is never a counts vector
+GRID_BAD = [c for c in BAD if c[2] != "checkpoint_every"] + [
+    ("token-counts-a-string", "weight", "token_counts", "train", "token_counts must be a vocab-length counts vector"),
+]
 
 
 @pytest.mark.parametrize("case", GRID_BAD, ids=[c[0] for c in GRID_BAD])
 def test_grid_spec_refuses_a_bad_method_option_at_parse_time(case):
-    _, _, option, value, text = case
-    with pytest.raises(ValueError, match=f"methods.learned.{option}"):
-        parse_spec(_grid_spec({option: value}))
+    _, method, option, value, text = case
+    with pytest.raises(ValueError, match=f"methods.{method}.{option}"):
+        parse_spec(_grid_spec({option: value}, ("none", method), method))
 
 
-def test_grid_refuses_a_bad_option_before_any_unit(tmp_path):
+def _vit_paths(folder):
     from lmc_fast.io import save_model
     from lmc_fast.models import ViT, ViTConfig
 
     paths = []
     for seed in range(2):
         torch.manual_seed(seed)
-        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), tmp_path / f"m{seed}")
-        paths.append(str(tmp_path / f"m{seed}"))
-    spec = _grid_spec({"steps": -3})
-    spec["models"]["paths"] = paths
-    with pytest.raises(ValueError, match="methods.learned.steps"):
+        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), folder / f"m{seed}")
+        paths.append(str(folder / f"m{seed}"))
+    return paths
+
+
+# (case id, the column, its [methods.NAME] table, text of the one line): "none" comes first in every grid,
+# so a check made when the column's unit runs would come after a finished unit
+GRID_RUN_BAD = [
+    ("learned-steps-negative", "learned", {"steps": -3}, "methods.learned.steps"),
+    ("weight-max-iter-negative", "weight", {"max_iter": -1}, "methods.weight.max_iter"),
+    ("weight-unknown-option", "weight", {"steps": 3}, "methods.weight.steps: unknown option"),
+    ("weight-token-counts", "weight", {"token_counts": 5}, "methods.weight.token_counts must be"),
+    ("permutation-heads-not-a-bool", "permutation", {"heads": 1}, "methods.permutation.heads must be True or False"),
+    ("variant-max-iter-zero", "w0", {"method": "weight", "max_iter": 0}, "methods.w0.max_iter"),
+]
+
+
+@pytest.mark.parametrize("case", GRID_RUN_BAD, ids=[c[0] for c in GRID_RUN_BAD])
+def test_grid_refuses_a_bad_option_before_any_unit(tmp_path, case):
+    _, column, options, text = case
+    spec = _grid_spec(options, ("none", column), column)
+    spec["models"]["paths"] = _vit_paths(tmp_path)
+    with pytest.raises(ValueError, match=text):
         grid.run(spec, tmp_path / "out", quiet=True)
     assert not (tmp_path / "out" / "units").exists()
+
+
+def test_weighting_sqrt_is_an_option_of_lf_align():
+    """Documented (lf.align, README) and taken by the solver, but refused by the options' check."""
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    assert lf.align(a, b, "weight", weighting="sqrt", max_iter=2).info["weighting"] == "sqrt"
+    assert parse_spec(_grid_spec({"weighting": "sqrt"}, ("none", "weight"), "weight")).options == {
+        "weight": {"weighting": "sqrt"}}
 
 
 @pytest.mark.parametrize("seeds", [2000, 60000])

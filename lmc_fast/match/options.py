@@ -14,7 +14,8 @@ import numbers
 from ..symmetry.spec import HEAD_MAPS
 
 ORDERS = ("structured", "random")
-WEIGHTINGS = ("sum", "per_tensor")
+#: the weightings of weight matching's objective (weighting.py `weighted_reference` computes each)
+WEIGHTINGS = ("sum", "per_tensor", "sqrt")
 LAMBDA_MODES = ("narrow", "uniform", "fixed")
 TARGETS = ("labels", "endpoints")
 #: which latents learned matching trains: every one; the maps (residual rotation, per-head maps); the
@@ -82,6 +83,15 @@ def _lam(name, v):
     return v
 
 
+def _token_counts(name, v):
+    """A counts vector or batches (objects, checked against the vocabulary by weighting.py); a
+    number or a string, all a grid's TOML can give, is neither."""
+    if isinstance(v, (numbers.Number, str, bytes)):
+        raise ValueError(f"{name} must be a vocab-length counts vector or (inputs, targets) batches, "
+                         f"not a number or a string; got {v!r}")
+    return v
+
+
 def _dtype(name, v):
     if v is not None and not (type(v).__name__ == "dtype" and str(v) in ("torch.float32", "torch.float64")):
         raise ValueError(f"{name} must be torch.float32 or torch.float64, got {v!r}")
@@ -116,6 +126,7 @@ CHECKS = {
     "checkpoint_every": _int(1, none=True),
     "rounds": _int(1),
     "dtype": _dtype,
+    "token_counts": _token_counts,
 }
 
 

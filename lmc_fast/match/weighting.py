@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics import all_finite
-
-WEIGHTINGS = ("sum", "per_tensor", "sqrt")
+from .options import WEIGHTINGS  # the one list: lf.align and the grid check the option by it
 
 # parameters whose rows are indexed by token id (standard params): the token-frequency prior
 # weighs these rows. The head's rows count too: its targets follow the same token distribution.
