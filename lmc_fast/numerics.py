@@ -21,11 +21,17 @@ def dirichlet_weights(rows: int, n: int, alpha: float, generator: torch.Generato
     """(rows, n) float64 Dirichlet(alpha, ..., alpha) draws: normalised Gamma(alpha) draws. For
     alpha < 1 the draws are taken in log space (Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha), then
     a softmax): plain Gamma(alpha) draws underflow to zero as alpha shrinks, and the rows then
-    come out as the centroid (or NaN) instead of near a vertex, where the distribution puts them."""
+    come out as the centroid (or NaN) instead of near a vertex, where the distribution puts them.
+    Down to the least subnormal alpha (5e-324): the rows are then vertices, never NaN."""
     conc = torch.full((rows, n), float(alpha), dtype=torch.float64)
     if alpha >= 1:
         g = torch._standard_gamma(conc, generator=generator)
         return g / g.sum(-1, keepdim=True)
     log_g = torch._standard_gamma(conc + 1, generator=generator).log()
     u = torch.rand(rows, n, dtype=torch.float64, generator=generator).clamp_min(torch.finfo(torch.float64).tiny)
-    return torch.softmax(log_g + u.log() / alpha, dim=-1)
+    log_u = u.log()
+    z = log_g + log_u / alpha
+    if not all_finite(z):  # alpha near float64's smallest normal or below: log(u) / alpha overflows to -inf
+        s = alpha * log_g + log_u  # alpha * z, shifted by its row maximum before the division: a row's
+        z = (s - s.amax(-1, keepdim=True)) / alpha  # largest entry is 0, the others -inf at worst (a vertex)
+    return torch.softmax(z, dim=-1)

@@ -1,7 +1,7 @@
 """Tiny Dirichlet concentrations: every sampler (the simplex sweep's, learned merging's, Mixup's)
 draws from the distribution asked for. Plain Gamma(alpha) draws underflow to zero as alpha
 shrinks, which made every simplex sample the centroid (so the "worst sample" was the centroid)
-and Mixup's weights 0 / 0."""
+and Mixup's weights 0 / 0; past float64's smallest normal number the log-space draws overflowed."""
 import pytest
 import torch
 
@@ -11,7 +11,9 @@ from lmc_fast.match.learned import sample_weights
 from lmc_fast.sweep.simplex import dirichlet
 from zoo import make_inputs, make_model
 
-TINY = [1e-30, 1e-12, 1e-5]
+#: down to float64's subnormals (5e-324 the least), where log(u) / alpha overflowed to -inf in every
+#: component and the draws were NaN (silently, in Mixup's images)
+TINY = [5e-324, 1e-320, 1e-308, 1e-30, 1e-12, 1e-5]
 
 
 def _second_moment(alpha, n):
