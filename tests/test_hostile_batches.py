@@ -56,6 +56,20 @@ def test_learned_alignment_forward_refuses_bad_inputs(case):
         la(make(), lam=[0.25, 0.75])
 
 
+# (case id, lam): each one line naming lam ("x" and None raised TypeError from torch.as_tensor)
+BAD_LAM = [("string", "x"), ("none", None), ("bool", True), ("nan", float("nan")), ("inf-in-a-list", [0.2, float("inf")]),
+           ("empty-list", []), ("nested-list", [[0.5]]), ("list-of-strings", ["a", "b"])]
+
+
+@pytest.mark.parametrize("case", BAD_LAM, ids=[c[0] for c in BAD_LAM])
+def test_learned_alignment_forward_refuses_a_bad_lam(case):
+    _, lam = case
+    la = lf.LearnedAlignment(*_models("gpt2"), init="identity")
+    with pytest.raises(ValueError, match="lam must be") as err:
+        la(_tokens(lambda x: x), lam=lam)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_activation_matching_refuses_bad_batches(case):
     _, kind, make, text = case

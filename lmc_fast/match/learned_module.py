@@ -16,6 +16,7 @@ theta = sum_n w_n g_n . theta_n of the models' (fixed) canonical parameters.
 from __future__ import annotations
 
 import numbers
+import reprlib
 
 import torch
 
@@ -123,7 +124,10 @@ def _lam_weights(lam, dtype, device) -> tuple[torch.Tensor, bool]:
     if isinstance(lam, numbers.Real) and not isinstance(lam, bool):
         lam_t, single = torch.tensor([float(lam)], dtype=torch.float64), True
     else:
-        lam_t, single = torch.as_tensor(lam, dtype=torch.float64).detach().cpu(), False
+        try:  # strings, None, ragged lists: torch's TypeError or ValueError, as one line naming lam
+            lam_t, single = torch.as_tensor(lam, dtype=torch.float64).detach().cpu(), False
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"lam must be a number or a 1-D list of numbers, got {reprlib.repr(lam)}") from None
         if lam_t.dim() != 1 or lam_t.numel() == 0:
             raise ValueError(f"lam must be a number or a 1-D list of numbers, got shape {tuple(lam_t.shape)}")
     if not torch.isfinite(lam_t).all():
