@@ -58,6 +58,41 @@ def test_align_refuses_a_bad_option_before_any_work(monkeypatch, tmp_path, case)
     assert not calls  # nothing ran
 
 
+def _mixup():
+    from lmc_fast.data.augment import Mixup
+
+    return Mixup(1.0)
+
+
+# (case id, lf.align keywords of "learned", text of the one line): refused before the preset's evaluation
+# of the end models and the initial weight matching, not after them
+LEARNED_BAD = [
+    ("mixup-with-target-labels", lambda: dict(target="labels", augment=_mixup()), "changes what the labels describe"),
+    ("mixup-with-the-paper-preset", lambda: dict(preset="paper", augment=_mixup()), "changes what the labels describe"),
+    ("augment-unknown-name", lambda: dict(augment="mixup"), "augment must be 'auto', 'none', None or"),
+]
+
+
+@pytest.mark.parametrize("case", LEARNED_BAD, ids=[c[0] for c in LEARNED_BAD])
+def test_learned_refuses_options_that_contradict_before_any_work(monkeypatch, case):
+    _, kw, text = case
+    calls = []
+    for module, name in ((weight, "align_by_weights"), (learned, "end_models_training_loss"),
+                         (learned, "fit_alignments")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(name) or _real(*a, **k))
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    with pytest.raises(ValueError, match=text):
+        lf.align(a, b, "learned", data=_data(), steps=2, **kw())
+    assert not calls  # nothing ran
+
+
+def test_mixup_with_a_preset_that_distills_is_taken():
+    a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)
+    al = lf.align(a, b, "learned", data=_data(), steps=2, eval_every=1, preset="distill", augment=_mixup())
+    assert al.info["steps"] == 2
+
+
 def test_a_validation_fraction_leaves_a_training_batch():
     """val_fraction 0.9 of 2 batches rounds to both: one stays for training (it raised StopIteration)."""
     a, b = make_model("vit", seed=71, dtype=torch.float32), make_model("vit", seed=72, dtype=torch.float32)

@@ -321,14 +321,23 @@ def _token_inputs(batches) -> bool:
     return isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
 
 
+def _check_augment(augment, target: str | None, placeholder: bool = False) -> None:
+    """An augmentation `auto_augment` takes and, where the target is known (None: the preset's
+    evaluation decides it), one that target allows; `placeholder`: "preset" too (learned_matching's)."""
+    if isinstance(augment, str):
+        if augment not in ("auto", "none") + (("preset",) if placeholder else ()):
+            raise ValueError(f"augment must be 'auto', 'none', None or an augmentation object, got {augment!r}")
+    elif target is not None:
+        _check_target(target, augment)
+
+
 def auto_augment(augment, target: str, data):
     """augment="auto": Mixup(1.0) for images with the end-model target (labels do not describe
     blended images), nothing for token ids or with target="labels"; "none": nothing; else as given."""
     if isinstance(augment, str):
+        _check_augment(augment, None)
         if augment == "none":
             return None
-        if augment != "auto":
-            raise ValueError(f"augment must be 'auto', 'none', None or an augmentation object, got {augment!r}")
         x = data[0][0] if data else None
         images = isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 4
         if not (images and target == "endpoints"):
@@ -363,6 +372,8 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     check_options({k: v for k, v in given.items() if k != "augment"})  # every setting, before any work
     check_options(dict(preset=preset, head_map=head_map, learn=learn, temperature=temperature, seed=seed,
                        checkpoint_every=checkpoint_every))
+    # the augmentation against the target, where the target is known before the preset's evaluation
+    _check_augment(augment, target if target is not None else PRESETS.get(preset, {}).get("target"), True)
     if checkpoint is not None:  # before the preset's evaluation and the initial matching
         learned_checkpoint.check_path(checkpoint)
     data = list(reiterable(data))
