@@ -133,6 +133,23 @@ def test_damaged_checkpoint_is_discarded_and_the_run_recomputed(tmp_path, monkey
     _same(resumed, _run())
 
 
+# (case id, bytes of the file kept): no longer a safetensors file, so no longer recognisably one of ours
+TRUNCATED = [("header-only", lambda n: 8), ("half", lambda n: n // 2), ("last-byte-missing", lambda n: n - 1)]
+
+
+@pytest.mark.parametrize("case", TRUNCATED, ids=[c[0] for c in TRUNCATED])
+def test_a_truncated_checkpoint_is_refused_in_one_line_naming_it(tmp_path, monkeypatch, case):
+    _, keep = case
+    ckpt = tmp_path / "unit.learned.ckpt"
+    _killed_run(monkeypatch, ckpt)
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[:keep(len(data))])
+    before = ckpt.read_bytes()
+    with pytest.raises(ValueError, match=rf"checkpoint .*{ckpt.name} holds something other than") as err:
+        _run(checkpoint=ckpt, checkpoint_every=3)
+    assert "\n" not in str(err.value) and ckpt.read_bytes() == before
+
+
 def test_clean_checkpoint_rewritten_as_is_still_resumes(tmp_path, monkeypatch):
     """The validation accepts what `save` writes (the rewrite helper changes nothing by itself)."""
     ckpt = tmp_path / "unit.learned.ckpt"
