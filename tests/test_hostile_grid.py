@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lmc_fast.grid as grid
+from lmc_fast.grid.report import REPORT_FILES
 from lmc_fast.io import save_model
 from lmc_fast.models import GPT2, GPT2Config, ViT, ViTConfig
 from test_grid import _toml
@@ -66,7 +67,7 @@ def test_cli_refuses_a_spec_file_that_is_one_of_its_outputs(tmp_path, vits, name
     _nothing_ran(out)
 
 
-@pytest.mark.parametrize("name", ["summary.md", "results.jsonl"])
+@pytest.mark.parametrize("name", sorted(REPORT_FILES))
 def test_run_refuses_a_spec_path_that_is_one_of_its_outputs(tmp_path, vits, name):
     out = tmp_path / "o"
     out.mkdir()
@@ -76,6 +77,18 @@ def test_run_refuses_a_spec_path_that_is_one_of_its_outputs(tmp_path, vits, name
         grid.run(spec, out, quiet=True)
     assert spec.read_bytes() == before
     _nothing_ran(out)
+
+
+@pytest.mark.parametrize("folder", ["units", "alignments", "sweeps"])
+def test_run_refuses_a_spec_inside_a_folder_the_grid_writes(tmp_path, vits, folder):
+    out = tmp_path / "o"
+    (out / folder).mkdir(parents=True)
+    spec = _toml(_spec(vits), out / folder / "spec.toml")
+    before = spec.read_bytes()
+    with pytest.raises(ValueError, match=f"input .*spec.toml is inside {folder}/ of"):
+        grid.run(spec, out, quiet=True)
+    assert spec.read_bytes() == before
+    assert list((out / folder).iterdir()) == [spec] and not (out / "results.jsonl").exists()
 
 
 @pytest.mark.parametrize("name", ["results.jsonl", "summary.md", "summary.csv"])
