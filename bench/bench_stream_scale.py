@@ -69,16 +69,21 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(CONFIGS), default="tinyllama-1.1b")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmc_stream_bench"))
+    ap.add_argument("--layers", type=int, default=None,
+                    help="keep only this many of the preset's layers (same widths: the per-layer memory and "
+                         "seconds of the full depth, in a fraction of the time)")
     ap.add_argument("--max-iter", type=int, default=3, help="weight-matching sweeps")
     ap.add_argument("--polish-iter", type=int, default=2)
     ap.add_argument("--planted", action="store_true", help="also match a planted twin B' = g . A")
     ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    meta = llama_on_meta(args.preset)
+    meta = llama_on_meta(args.preset, **({"num_hidden_layers": args.layers} if args.layers else {}))
     n_params = sum(p.numel() for p in meta.parameters())
     model_bytes = 2 * n_params  # bf16 on disk
     outputs = 2 + 1 + (1 if args.planted else 0)  # aligned, merged (+ the planted twin)
+    tag = args.preset + (f"_{args.layers}layers" if args.layers else "")
+    args.workdir = args.workdir / tag  # checkpoints of one shape per folder (reused across runs)
     args.workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(args.workdir).free
     need = model_bytes * (outputs + sum(not (args.workdir / n / "config.json").exists() for n in "ab"))
@@ -86,7 +91,8 @@ def main(argv=None) -> dict:
           f"needs {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free", flush=True)
     if need > free:
         raise SystemExit(f"not enough disk in {args.workdir}: need {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
-    rec = {"name": "stream_scale", "preset": args.preset, "shape": CONFIGS[args.preset], "params_per_model": n_params,
+    shape = {**CONFIGS[args.preset], **({"num_hidden_layers": args.layers} if args.layers else {})}
+    rec = {"name": "stream_scale", "preset": args.preset, "shape": shape, "params_per_model": n_params,
            "disk_bytes_per_model": model_bytes, "machine": cpu_model(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "loadavg_1min_start": os.getloadavg()[0], "phases": {}}
     ph = rec["phases"]
@@ -125,7 +131,7 @@ def main(argv=None) -> dict:
     rec["loadavg_1min_end"] = os.getloadavg()[0]
     rec["peak_rss_bytes"] = max(p["peak_rss_bytes"] for k, p in ph.items() if not k.startswith("generate"))
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = args.out or RESULTS / f"stream_scale_{args.preset}_cpu.json"
+    out = args.out or RESULTS / f"stream_scale_{tag}_cpu.json"
     out.write_text(json.dumps(rec, indent=2) + "\n")
     m = ph["match"]
     print(f"{args.preset}: match {m['seconds']:.0f} s ({sweeps} sweeps + {info['polish_iterations']} polish), peak "

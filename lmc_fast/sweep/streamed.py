@@ -15,7 +15,7 @@ import torch
 
 from ..models import functional as Fn
 from ..symmetry import spec_for
-from .barrier import barrier_result, lambda_grid
+from .result import barrier_result, lambda_grid
 from .batches import reiterable
 from .checks import check_batch, spec_from_model
 from .metrics import MetricSums, task_of
