@@ -20,6 +20,17 @@ AUGMENTATIONS = {"auto": "auto", "none": None, "mixup": ("Mixup", 1.0), "shift":
                  "noise": ("GaussianNoise", 0.1)}
 
 
+#: the augmentations whose blends the labels no longer describe (their class says `label_preserving = False`;
+#: tests/test_hostile_options.py checks the two agree): refused with target "labels" before any work
+LABEL_CHANGING = frozenset({"mixup"})
+
+
+def check_augment_target(augment: str | None, target: str | None, where: str = "augment") -> None:
+    """One line when an augmentation that blends labels away is asked for with target "labels"."""
+    if augment in LABEL_CHANGING and target == "labels":
+        raise ValueError(f"{where}={augment!r} changes what the labels describe; use target 'endpoints' with it")
+
+
 def split_spec(spec: str):
     name, _, arg = spec.partition(":")
     return name.strip().lower(), (arg or None)
@@ -75,4 +86,4 @@ def augmentation(name: str):
     return getattr(augment, kind[0])(kind[1])
 
 
-__all__ = ["AUGMENTATIONS", "DATA_HELP", "augmentation", "data_paths", "load_data", "split_spec"]
+__all__ = ["AUGMENTATIONS", "DATA_HELP", "LABEL_CHANGING", "check_augment_target", "augmentation", "data_paths", "load_data", "split_spec"]

@@ -214,3 +214,30 @@ def test_sweeps_refuse_a_bad_count(tmp_path, monkeypatch, case):
         else:
             lf.simplex([a, b], data, n=2, **kw)
     assert not list(tmp_path.iterdir())
+
+
+def test_label_changing_augmentations_agree_with_their_classes():
+    """data_specs.LABEL_CHANGING (torch-free, read by the grid and the CLI) names exactly the augmentations
+    whose class says its blends change what the labels describe."""
+    from lmc_fast.data_specs import AUGMENTATIONS, LABEL_CHANGING, augmentation
+
+    changing = {name for name, kind in AUGMENTATIONS.items() if isinstance(kind, tuple)
+                and not getattr(augmentation(name), "label_preserving", True)}
+    assert changing == set(LABEL_CHANGING)
+
+
+def test_grid_refuses_mixup_with_label_targets_at_parse_time():
+    with pytest.raises(ValueError, match="methods.learned.augment='mixup' changes what the labels describe"):
+        parse_spec(_grid_spec({"augment": "mixup", "target": "labels"}, ("none", "learned"), "learned"))
+    parse_spec(_grid_spec({"augment": "mixup", "target": "endpoints"}, ("none", "learned"), "learned"))
+
+
+def test_cli_align_refuses_mixup_with_label_targets_before_loading(tmp_path, capsys):
+    from lmc_fast.cli import main
+
+    missing = str(tmp_path / "nothing-here")  # never read: the refusal comes first
+    code = main(["align", missing, missing, "--method", "learned", "--augment", "mixup", "--target", "labels",
+                 "--out", str(tmp_path / "w.safetensors")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "changes what the labels describe" in err

@@ -69,6 +69,12 @@ def run(args, con: Console) -> int:
         raise CLIError(f"--residual-only is an option of --method activation, not {args.method}")
     if out.suffix != ".safetensors":
         raise CLIError(f"--out must end in .safetensors, got {out}")
+    from ..data_specs import check_augment_target
+
+    try:
+        check_augment_target(args.augment, args.target, "--augment")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     summary = align_summary_path(out)
     outputs = Outputs([args.a, args.b, *data_paths(args.data)])
     outputs.file("--out", out)

@@ -234,6 +234,9 @@ def _options(table) -> tuple[dict, dict]:
                 if v not in AUGMENTATIONS:
                     raise ValueError(f"methods.{name}.augment: one of {', '.join(AUGMENTATIONS)}, got {v!r}")
             check_option(key, v, f"methods.{name}.{key}")  # the rule lf.align applies, before any unit runs
+        from ..data_specs import check_augment_target
+
+        check_augment_target(opts.get("augment"), opts.get("target"), f"methods.{name}.augment")
         out[name] = dict(sorted(opts.items()))
     return out, bases
 
