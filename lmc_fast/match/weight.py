@@ -104,6 +104,7 @@ def _anchor_residual(spec: Spec, source) -> tuple:
         part = _within(res, [p for p in piece.anchor if p not in local])
         if part is not None:
             C = _add(C, solve.correlation(part, piece.anchor, piece.b))
+        piece = None  # dropped before the next piece is read
     value = source.reduce(value)
     if res is not None:
         C = source.reduce(_zeros_if_none(C, res, source.dtype))
@@ -127,6 +128,7 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
         if first:
             before += solve.objective(piece.a, pb_r, piece.a)  # the local groups are still the identity
         solve_layer_groups(spec, piece.a, pb_r, elements, _local_in(spec, local, piece.a), warm=warm)
+        del pb_r  # a streamed piece's copies go one at a time
         if res is None:
             value += solve.objective(piece.a, apply_spec(spec, piece.b, elements), piece.a)
             continue
@@ -135,6 +137,7 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
         if part is not None:
             C = _add(C, matcher_of(part).correlation(part, piece.a, pb_other))
         value += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
+        piece = pb_other = None  # dropped before the next piece is read, not after
     value, before = source.reduce(value), source.reduce(before)
     if res is not None:
         group = spec.groups[res]
@@ -164,6 +167,7 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
         if part is not None:
             C_fixed = _add(C_fixed, solve.correlation(part, piece.a, pb_fixed))
         value_fixed += solve.objective(piece.a, pb_fixed, [p for p in piece.a if p not in residual_params])
+        piece = pb_fixed = None
     C_fixed, value_fixed = source.reduce(_zeros_if_none(C_fixed, res, source.dtype)), source.reduce(value_fixed)
     polished, value = 0, float("nan")
     for polished in range(1, polish_iter + 1):
@@ -180,6 +184,7 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
                 C = _add(C, solve.correlation(part, piece.a, pb_other))
             # e.g. query biases: head maps, no residual axis
             value_moving += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
+            piece = pb_other = None
         C = C_fixed + source.reduce(_zeros_if_none(C, res, source.dtype))
         elements[spec.residual] = m.solve([res], [C])[0]
         value = m.value(res, C, elements[spec.residual]) + value_fixed + source.reduce(value_moving)

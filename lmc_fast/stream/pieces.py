@@ -86,8 +86,14 @@ class Blocks:
                     part = dict(b)
                     part.update({n: self._read(ck, n, rows.get(n, (0, 0))) for n in rowed})
                     parts.append(self._space(part))
+                    del part
+                if not rowed:
+                    base = None  # the stored copies are done with: only the piece stays resident
                 keep = [n for n in want if n in rows or (i == 0 and n not in self.row_block)]
-                yield [{n: p[n] for n in keep} for p in parts], {n: rows[n] for n in keep if n in rows}
+                out = [{n: p[n] for n in keep} for p in parts]
+                del parts
+                yield out, {n: rows[n] for n in keep if n in rows}
+                del out
 
 
 class StreamedPair:
@@ -153,3 +159,4 @@ class StreamedPair:
             anchor_ref = (weighted_reference(pa, pb, self.anchor_weighting, self.prior, norms=self.norms, rows=rows)
                           if anchor else None)
             yield Piece(ref, pb, anchor_ref)
+            pa = pb = ref = anchor_ref = None  # dropped before the next block is read
