@@ -176,7 +176,7 @@ def test_fused_layouts_are_refused_in_one_line(tmp_path, kind):
 @pytest.mark.parametrize("call, message", [
     (lambda a, pa, pb: lf.align(a, pb, "weight"), "both models or both checkpoint paths"),
     (lambda a, pa, pb: lf.align(pa, pb, "weight", order="random"), "needs both models in memory"),
-    (lambda a, pa, pb: lf.align(pa, pb, "activation", data=[1]), "needs both models in memory"),
+    (lambda a, pa, pb: lf.align(pa, pb, "learned", data=[1]), "needs both models in memory"),
     (lambda a, pa, pb: apply_to_path(Alignment.identity(canonical_spec(standard_params(a)[0])), pb, pb),
      "overlaps the input"),
     (lambda a, pa, pb: apply_to_path(Alignment.identity(canonical_spec(standard_params(a)[0])), pb, pb / "x"),
@@ -237,3 +237,14 @@ def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
     bad = [(torch.full((2, 5), 999), torch.zeros(2, 5, dtype=torch.long))]
     with pytest.raises(ValueError, match="token id"):
         lf.barrier(pa, pb, bad)
+
+
+@pytest.mark.parametrize("kind", STREAMABLE)
+@pytest.mark.parametrize("residual_only", [False, True])
+def test_streamed_activation_matching_equals_in_memory(tmp_path, tiny_row_blocks, kind, residual_only):
+    (a, b), (pa, pb) = _saved(tmp_path, kind)
+    data = _eval_data(kind)
+    mem = lf.align(a, b, "activation", data=data, residual_only=residual_only)
+    streamed = lf.align(pa, pb, "activation", data=data, residual_only=residual_only)
+    assert streamed.info["streamed"] and streamed.info["tokens"] == mem.info["tokens"]
+    assert _max_diff(mem, streamed) < 1e-9  # permutations equal (asserted inside)

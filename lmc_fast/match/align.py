@@ -40,8 +40,8 @@ def align(model_a, model_b, method: str = "weight", data=None, *, progress: bool
     apply the result to the narrow model_b as usual (`al.apply(model_b)` pads it too).
 
     `model_a` and `model_b` may be checkpoint paths (our folders and files, Hugging Face folders, sharded
-    or not) for "weight" and "permutation": the checkpoints are then streamed, a layer at a time, and
-    never held whole (lmc_fast.stream); the result is the in-memory one.
+    or not) for "weight", "permutation" and "activation": the checkpoints are then streamed, a layer at a
+    time, and never held whole (lmc_fast.stream); the result is the in-memory one.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -56,8 +56,9 @@ def align(model_a, model_b, method: str = "weight", data=None, *, progress: bool
             raise ValueError("model_a and model_b must be both models or both checkpoint paths")
         if m.stream is None:
             raise ValueError(f"method {method!r} needs both models in memory: load them with "
-                             "lmc_fast.io.load_model (methods 'weight' and 'permutation' stream checkpoint paths)")
-        return m.stream(model_a, model_b, progress=progress, **options)
+                             "lmc_fast.io.load_model (methods 'weight', 'permutation' and 'activation' stream "
+                             "checkpoint paths)")
+        return m.stream(model_a, model_b, data if m.needs_data else None, progress=progress, **options)
     check_compatible(model_a, model_b)  # names the first differing field; B may be narrower
     # fingerprints of the models as passed (before widening): `verify_models` checks them later
     fingerprints = {"fingerprint_a": model_fingerprint(model_a), "fingerprint_b": model_fingerprint(model_b)}

@@ -34,7 +34,7 @@ class Method:
     # (spec, pa, pb, seed=) -> (elements, info): matching on parameters alone, no data and no models
     # (MergeMany's re-alignments to a mean, the training monitor); None where the method needs models or data
     match_params: Callable | None = None
-    # (path_a, path_b, **options) -> Alignment: the same matching on two checkpoints streamed from disk,
+    # (path_a, path_b, data, **options) -> Alignment: the same matching on two checkpoints streamed from disk,
     # a block at a time (match/streamed.py); None where the method needs the models in memory
     stream: Callable | None = None
 
@@ -74,7 +74,8 @@ _ALL = (
            weight.weight_matching,
            streamed.streamed_by_weights),
     Method("activation", True, "canonical", "the same solvers on activation cross-covariances over data",
-           ("max_batches", "residual_only"), ("progress", "dtype"), activation.align_by_activations),
+           ("max_batches", "residual_only"), ("progress", "dtype"), activation.align_by_activations,
+           stream=streamed.streamed_by_activations),
     Method("learned", True, "canonical", "straight-through optimisation of the alignment on midpoint loss",
            _LEARNED, ("progress", "init", "device", "checkpoint", "checkpoint_every"), learned.learned_matching),
 )

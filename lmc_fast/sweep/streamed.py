@@ -17,7 +17,7 @@ from ..models import functional as Fn
 from ..symmetry import spec_for
 from .result import barrier_result, lambda_grid
 from .batches import reiterable
-from .checks import check_batch, spec_from_model
+from .checks import spec_from_model
 from .metrics import MetricSums, task_of
 
 #: bytes of one tensor's K stacked mixtures made at once (more mixtures: in several passes)
@@ -78,6 +78,7 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     are all-reduced, as in the fused engine (sweep/shard.py): every rank returns the whole result."""
     from .shard import reduce_sums, shard_of
     from ..stream.checkpoint import StreamedCheckpoint
+    from ..stream.forward import LayerForward, collect_batches
     from ..stream.pieces import Blocks
 
     t0 = time.perf_counter()
@@ -96,53 +97,26 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
         spec = spec_for(a.arch, space)
     arch = spec.arch
     shard = shard_of(distributed)
-    batches = _batches(reiterable(data), spec_from_model(a.model), max_batches)
+    batches = collect_batches(reiterable(data), spec_from_model(a.model), max_batches)
     total_tokens = sum(x.numel() for x, _ in batches)
     if shard is not None:
         batches = batches[shard[0]::shard[1]]
     blocks = Blocks([a, b], spec, dtype)
     weights = torch.tensor([[1.0 - l, l] for l in points], dtype=torch.float64)
+    aligned = (lambda parts: [parts[0], align.apply_params(parts[1])]) if align is not None else None
+    fwd = LayerForward(blocks, batches, aligned)
     ops = MixedOps(arch, weights, dtype)
-    aligned = (lambda parts: [parts[0], align.apply_params(parts[1])]) if align is not None else (lambda parts: parts)
-    layer = lambda n: n.startswith("blocks.")  # noqa: E731
-    embed_names = set(Fn.embedding_names(arch))
-    # the parameters around the layers (the embeddings' norm, the head) whole, the token table a row
-    # block at a time keeping only the rows the batches use
-    ids = (torch.cat([x.reshape(-1) for x, _ in batches]).unique() if batches else torch.zeros(0, dtype=torch.long)) \
-        if arch.inputs == "tokens" else None
-    tables, pending = [None, None], [{}, {}]
-    for parts, rows in blocks(lambda n: not layer(n)):
-        for i, part in enumerate(aligned(parts)):
-            for n, t in part.items():
-                if n == "tok_embed.weight" and ids is not None:
-                    s, e = rows.get(n, (0, t.shape[0]))
-                    if tables[i] is None:
-                        tables[i] = torch.zeros(len(ids), t.shape[1], dtype=t.dtype)
-                    hit = (ids >= s) & (ids < e)
-                    tables[i][hit] = t[ids[hit] - s]
-                elif n in rows:
-                    pending[i].setdefault(n, []).append(t)
-                else:
-                    ops.p[i][n] = t
-    for store, rowed in zip(ops.p, pending):
-        store.update({n: torch.cat(ts) for n, ts in rowed.items()})
+    ops.load(fwd.outer)
     hs = []
     for x, _ in batches:
-        ends = []
-        rows_of_x = torch.searchsorted(ids, x) if ids is not None else x  # ids as rows of the gathered tables
-        for i, store in enumerate(ops.p):
-            p = {n: store[n].unsqueeze(0) for n in embed_names if n in store}
-            if ids is not None:
-                p["tok_embed.weight"] = tables[i].unsqueeze(0)
-            ends.append(Fn.embed_sum(arch, p, rows_of_x)[0].to(torch.float64))
+        # the embedding is linear in the parameters: the end models' sums, mixed
+        ends = [fwd.embedded(i, x)[0].to(torch.float64) for i in range(2)]
         h = sum(weights[:, n].reshape(-1, 1, 1, 1) * e for n, e in enumerate(ends)).to(dtype)
         hs.append(Fn.embed_norm(arch, ops, h))
     for l in range(arch.n_layer):
-        prefix = f"blocks.{l}."
-        for parts, _ in blocks(lambda n: n.startswith(prefix)):
-            ops.load(aligned(parts))
+        ops.load(fwd.layer(l))
         hs = [Fn.block(arch, ops, l, h) for h in hs]
-        ops.drop(lambda n: not n.startswith(prefix))
+        ops.drop(lambda n: not n.startswith(f"blocks.{l}."))
     task = task_of(arch)
     sums = [MetricSums(is_lm=task != "classify", task=task) for _ in points]
     for h, (_, y) in zip(hs, batches):
@@ -156,17 +130,3 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     res.streamed = {"bytes_read": blocks.bytes_read, "tokens": total_tokens, "lambdas": len(points),
                     "ranks": 1 if shard is None else shard[1]}
     return res
-
-
-def _batches(data, input_spec, max_batches):
-    out = []
-    for i, batch in enumerate(data):
-        if max_batches is not None and i >= max_batches:
-            break
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise ValueError("data must yield (inputs, targets) batches")
-        check_batch(input_spec, *batch)
-        out.append((batch[0], batch[1]))
-    if not out:
-        raise ValueError("no data: the evaluation iterable yielded no batches")
-    return out
