@@ -39,7 +39,7 @@ def _status(key: str) -> int:
     return 0
 
 
-def phase(record: dict, name: str, fn):
+def phase(record: dict, name: str, fn, save=None):
     """Run fn with the high-water mark reset first; record seconds and peak RSS (absolute and over the start)."""
     import gc
 
@@ -52,6 +52,8 @@ def phase(record: dict, name: str, fn):
                     "rss_at_start_bytes": rss0}
     print(f"{name}: {record[name]['seconds']:.1f} s, peak RSS {record[name]['peak_rss_bytes'] / 2**30:.2f} GiB",
           flush=True)
+    if save is not None:
+        save()  # each phase's figures kept as it ends: a long run cut short still leaves them
     return out
 
 
@@ -96,11 +98,15 @@ def main(argv=None) -> dict:
            "disk_bytes_per_model": model_bytes, "machine": cpu_model(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "loadavg_1min_start": os.getloadavg()[0], "phases": {}}
     ph = rec["phases"]
+    out = args.out or RESULTS / f"stream_scale_{tag}_cpu.json"
+
+    def save():
+        out.write_text(json.dumps(rec, indent=2) + "\n")
     pa, pb = args.workdir / "a", args.workdir / "b"
     for seed, path in ((0, pa), (1, pb)):
         if not (path / "config.json").exists():
             phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
-    al = phase(ph, "match", lambda: _match(lf, pa, pb, args))
+    al = phase(ph, "match", lambda: _match(lf, pa, pb, args), save)
     info = al.info
     arch = adapter_for(meta).arch(meta)
     gflop = sweep_gflop(arch, CONFIGS[args.preset]["vocab_size"])
@@ -110,14 +116,14 @@ def main(argv=None) -> dict:
                     "bytes_read": info["bytes_read"], "bytes_read_per_sweep_pass": 2 * model_bytes,
                     "sweep_gemm_gflop": gflop, "matmul_peak_gflops": peak,
                     "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak}
-    out_a = phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"))
+    out_a = phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save)
     rec["apply_bytes_written"] = folder_bytes(out_a)
-    out_m = phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]))
+    out_m = phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save)
     rec["merge_bytes_written"] = folder_bytes(out_m)
     if args.planted:
         truth = Alignment.random(canonical_spec(arch), seed=7)
-        twin = phase(ph, "plant", lambda: apply_to_path(truth, pa, args.workdir / "planted"))
-        found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args))
+        twin = phase(ph, "plant", lambda: apply_to_path(truth, pa, args.workdir / "planted"), save)
+        found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args), save)
         inv = truth.inverse()
         rec["planted"] = {
             "permutations_exact": all(torch.equal(found[n][k], inv[n][k]) for n in inv.elements
@@ -131,8 +137,7 @@ def main(argv=None) -> dict:
     rec["loadavg_1min_end"] = os.getloadavg()[0]
     rec["peak_rss_bytes"] = max(p["peak_rss_bytes"] for k, p in ph.items() if not k.startswith("generate"))
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = args.out or RESULTS / f"stream_scale_{tag}_cpu.json"
-    out.write_text(json.dumps(rec, indent=2) + "\n")
+    save()
     m = ph["match"]
     print(f"{args.preset}: match {m['seconds']:.0f} s ({sweeps} sweeps + {info['polish_iterations']} polish), peak "
           f"RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB over all phases; GEMMs at "

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 
+import torch
+
 from ..errors import OutputError
 from ..symmetry import Alignment, check_same_arch, spec_for
 from ..symmetry.alignment import AlignmentMismatchError
@@ -42,6 +44,12 @@ def _verified(al: Alignment, ck: StreamedCheckpoint, key: str, force: bool) -> N
                                      f"{ck.path} has {got[:12]}: pass force=True to apply it anyway")
 
 
+def _compute_dtype(out_dtype) -> torch.dtype:
+    """float64 for float64 outputs; float32 for anything stored in 32 bits or less (each tensor is still
+    brought to canonical form in float64: only the group action and the mixing run in float32)."""
+    return torch.float64 if out_dtype == torch.float64 else torch.float32
+
+
 def apply_to_path(alignment: Alignment, path_b, out, *, force: bool = False, dtype=None) -> Path:
     """g . B written to the folder `out`, tensor by tensor, in B's format and storage dtype (or `dtype`): the
     same function as B (in the alignment's space: canonical form for weight matching)."""
@@ -50,7 +58,7 @@ def apply_to_path(alignment: Alignment, path_b, out, *, force: bool = False, dty
     out = _check_output(out, [path_b])
     check_same_arch(alignment.spec.arch, b.arch)
     _verified(alignment, b, "fingerprint_b", force)
-    blocks = Blocks([b], alignment.spec)
+    blocks = Blocks([b], alignment.spec, _compute_dtype(dtype or b.dtype))
 
     def produce():
         for (pb,), rows in blocks():
@@ -87,7 +95,7 @@ def merge_paths(paths, out, alignments=None, weights=None, *, force: bool = Fals
         if al is not None:
             al.validate()
             _verified(al, ck, "fingerprint_b", force)
-    blocks = Blocks(cks, spec)
+    blocks = Blocks(cks, spec, _compute_dtype(dtype or cks[0].dtype))
 
     def produce():
         for parts, rows in blocks():
