@@ -248,3 +248,28 @@ def test_streamed_activation_matching_equals_in_memory(tmp_path, tiny_row_blocks
     streamed = lf.align(pa, pb, "activation", data=data, residual_only=residual_only)
     assert streamed.info["streamed"] and streamed.info["tokens"] == mem.info["tokens"]
     assert _max_diff(mem, streamed) < 1e-9  # permutations equal (asserted inside)
+
+
+def test_cli_align_and_sweep_stream_folders(tmp_path, capsys):
+    """lmc-fast align streams two folders by default; sweep --stream gives the in-memory sweep's numbers."""
+    from lmc_fast.cli import main
+    from lmc_fast.models import ViT, ViTConfig
+
+    paths = []
+    for s in range(2):
+        torch.manual_seed(s)
+        paths.append(str(tmp_path / f"m{s}"))
+        save_model(ViT(ViTConfig.digits(d_model=16, n_layer=2, n_head=2, d_mlp=32)), paths[-1],
+                   metadata={"data": "digits"})
+    w = str(tmp_path / "w.safetensors")
+    assert main(["align", *paths, "--out", w, "-q"]) == 0
+    assert json.loads((tmp_path / "w.align.json").read_text())["info"]["streamed"] is True
+    runs = {}
+    for mode in ("memory", "stream"):
+        out = tmp_path / f"{mode}.json"
+        args = ["sweep", *paths, "--align", w, "--lambdas", "5", "--max-batches", "2", "--out", str(out), "-q"]
+        assert main(args + (["--stream"] if mode == "stream" else [])) == 0
+        runs[mode] = json.loads(out.read_text())["results"]["weight"]
+    assert runs["stream"]["engine"] == "streamed"
+    assert runs["stream"]["loss"] == pytest.approx(runs["memory"]["loss"], rel=1e-5)
+    assert runs["stream"]["barrier"] == pytest.approx(runs["memory"]["barrier"], rel=1e-4, abs=1e-6)

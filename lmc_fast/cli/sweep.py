@@ -25,6 +25,9 @@ def register(subparsers, parents):
     s.add_argument("--engine", choices=["fused", "loop"], default="fused", help="sweep engine")
     s.add_argument("--max-tokens", type=positive_int, default=None,
                    help="tokens per fused pass (default: 2048 on CPU, 262144 on CUDA)")
+    s.add_argument("--stream", action="store_true",
+                   help="read A and B a layer at a time instead of loading them (checkpoints of any size; CPU; "
+                        "every batch carried through together, so keep --max-batches small; not adaptive)")
     s.add_argument("--name", default=None, help="label of this curve in the JSON/plot (default: the method)")
     s.add_argument("--out", required=True, help="result JSON")
     s.add_argument("--plot", default=None, help="also write a PNG of the curve (default: no plot)")
@@ -46,14 +49,14 @@ def _verify_alignment(al, a, b, args):
 def run(args, con: Console) -> int:
     import lmc_fast as lf
 
-    from ..io import write_json
-
     lambdas = lambda_grid(args.lambdas)
     outputs = Outputs([args.a, args.b, args.align, *data_paths(args.data)])
     outputs.file("--out", args.out)
     if args.plot:
         outputs.figure("--plot", args.plot)
     outputs.check()
+    if args.stream:
+        return _run_streamed(args, con, lambdas)
     a, b = load(args.a, args.device), load(args.b, args.device)
     space = args.space
     label = "none"
@@ -70,6 +73,42 @@ def run(args, con: Console) -> int:
     con.log(f"sweeping {len(data)} {args.split} batches of {spec}, space={space}")
     res = lf.barrier(a, b, data, lambdas=lambdas, space=space, engine=args.engine, max_tokens=args.max_tokens,
                      progress=not args.quiet)
+    return _report(args, con, res, label, space, spec, data)
+
+
+def _run_streamed(args, con: Console, lambdas) -> int:
+    """sweep --stream: the checkpoints' meta-device models choose the data; the sweep reads them a layer at a time."""
+    import lmc_fast as lf
+
+    from ..stream.checkpoint import StreamedCheckpoint
+
+    if lambdas == "adaptive":
+        raise CLIError("--stream takes a count or values for --lambdas, not adaptive")
+    if args.device not in (None, "cpu"):
+        raise CLIError("--stream runs on the CPU")
+    cks = [StreamedCheckpoint(p) for p in (args.a, args.b)]
+    for ck in cks:
+        ck.model.lmc_fast_metadata = ck.info.metadata  # the data a checkpoint was trained on picks --data
+    al, label, space = None, "none", args.space
+    if args.align:
+        al = lf.Alignment.load(args.align)
+        recorded = al.info.get("fingerprint_b")
+        if recorded is not None and not args.force and recorded != cks[1].fingerprint():
+            raise CLIError(f"--align {args.align}: alignment was made for another model B (--force applies it anyway)")
+        space = space or al.spec.space
+        label = al.info.get("method") or Path(args.align).stem
+    space = space or "raw"
+    spec, train_ds, test_ds = model_data(args, [ck.model for ck in cks], [args.a, args.b])
+    ds = test_ds if args.split == "test" else train_ds
+    data = batches(ds, args.batch_size or 256, False, args.max_batches, "cpu")
+    con.log(f"sweeping {len(data)} {args.split} batches of {spec}, space={space}, streamed")
+    res = lf.barrier(args.a, args.b, data, lambdas=lambdas, space=space, align=al, progress=not args.quiet)
+    return _report(args, con, res, label, space, spec, data)
+
+
+def _report(args, con: Console, res, label: str, space: str, spec, data) -> int:
+    from ..io import write_json
+
     name = args.name or label
     out = {"kind": "sweep", "a": args.a, "b": args.b, "align": args.align, "space": space, "data": spec,
            "split": args.split, "examples": sum(len(y) for _, y in data), "results": {name: res.to_dict()},
