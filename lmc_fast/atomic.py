@@ -13,7 +13,11 @@
   the program still stops); those a SIGKILL left are removed by the next write of the same
   target (ours by name, and not flock'ed by a live writer);
 - files and folders get the usual modes under the umask (0644/0755 under umask 022);
-- JSON is strict: NaN and infinities are written as null.
+- JSON is strict: NaN and infinities are written as null;
+- several files that belong together (a checkpoint's, a command's outputs) are written inside
+  `all_or_nothing()`: if the block fails (a full disk, no permission, a signal) every file it
+  wrote is removed or gets its previous content back (kept meanwhile as a hidden hard link,
+  `.lmcf-<hash>-<random>.keep`; one a SIGKILL left is removed by the next write of that target).
 
 `lmc_fast.io` builds checkpoints on these; everything that writes a user's output uses them.
 """
@@ -159,7 +163,14 @@ def remove_stale_temps(folder: Path, names) -> None:
         return
     prefixes = tuple(temp_prefix(n) for n in names)
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        stale = [Path(e.path) for e in entries if e.name.startswith(prefixes) and e.name.endswith(".tmp")]
+        found = [Path(e.path) for e in entries if e.name.startswith(prefixes)]
+    stale = [p for p in found if p.name.endswith(".tmp")]
+    # the previous files an all_or_nothing block of a killed process kept (this process's own are in use)
+    mine = {e[2] for e in _journal or () if isinstance(e[2], Path)}
+    for kept in found:
+        if kept.name.endswith(".keep") and kept not in mine:
+            with contextlib.suppress(OSError):
+                os.remove(kept)
     for tmp in stale:
         try:
             fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -228,12 +239,156 @@ def fsync_path(path: Path) -> None:
 
 def commit(tmp: Path, target: Path, mode: int | None = None) -> None:
     """Durable, atomic replace: the file gets `mode` (the umask's: writers such as safetensors make 0600
-    files) and its data reaches the disk before the one rename that publishes it."""
+    files) and its data reaches the disk before the one rename that publishes it. Inside
+    `all_or_nothing` the target's previous file is kept until the block ends (to be put back if it fails)."""
     if mode is not None and stat.S_IMODE(os.stat(tmp).st_mode) != mode:
         os.chmod(tmp, mode)
     fsync_path(tmp)
-    os.replace(tmp, target)
+    entry = _journal_replace(target)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        _forget(entry)
+        raise
     fsync_path(target.parent)
+
+
+def discard(path: Path) -> None:
+    """Remove the file at `path` (a stale file of an earlier write); inside `all_or_nothing` it is only
+    moved aside, and comes back if the block fails."""
+    path = Path(path)
+    if _journal is not None and not _noted(path) and os.path.lexists(path) and not \
+            (os.path.isdir(path) and not os.path.islink(path)):
+        kept = _keep_name(path)
+        os.rename(path, kept)
+        _journal.append(("file", path, kept))
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def make_folders(path: Path) -> Path:
+    """`path` made a folder with its missing parents (as mkdir(parents=True, exist_ok=True)); inside
+    `all_or_nothing` those it makes are removed again, if left empty, when the block fails."""
+    path = Path(path)
+    missing = _missing_folders(path) if _journal is not None else []
+    path.mkdir(parents=True, exist_ok=True)
+    if _journal is not None:
+        _journal.extend(("folder", f, None) for f in reversed(missing))
+    return path
+
+
+# ---------------------------------------------------------------- all or nothing
+#: the open all_or_nothing block's record of what it changed, oldest first (None outside one):
+#: ("file", target, kept) -- kept: the previous file moved aside, "new" (there was none) or None (it
+#: could not be kept: the new file stays); ("folder", path, None) -- a folder it made
+_journal: list | None = None
+
+
+def _keep_name(target: Path) -> Path:
+    return target.parent / f"{temp_prefix(target.name)}{secrets.token_hex(6)}.keep"
+
+
+def _noted(target: Path) -> bool:
+    return any(e[0] == "file" and e[1] == target for e in _journal)
+
+
+def _journal_replace(target: Path):
+    """Inside all_or_nothing: keep the file at `target` (a hard link, so no space is needed) before it is
+    replaced, and note it; the journal entry, or None outside a block or when `target` was already
+    noted (the first note holds what was there before the block)."""
+    if _journal is None:
+        return None
+    target = Path(target)
+    if _noted(target):
+        return None
+    if not os.path.lexists(target):
+        kept = "new"
+    elif os.path.isdir(target) and not os.path.islink(target):
+        return None  # a folder: os.replace refuses it anyway
+    else:
+        kept = _keep_name(target)
+        try:
+            os.link(target, kept, follow_symlinks=False)
+        except OSError:
+            kept = None  # no hard links here: the new file stays if the block fails
+    entry = ("file", target, kept)
+    _journal.append(entry)
+    return entry
+
+
+def _forget(entry) -> None:
+    """The replace `entry` was made for did not happen: drop it (and the kept link)."""
+    if entry is None or _journal is None:
+        return
+    with contextlib.suppress(ValueError):
+        _journal.remove(entry)
+    if isinstance(entry[2], Path):
+        with contextlib.suppress(OSError):
+            os.remove(entry[2])
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet, deepest first."""
+    out = []
+    path = Path(path)
+    while not os.path.lexists(path) and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+@contextlib.contextmanager
+def all_or_nothing(*outputs):
+    """Every file the block writes (through `commit`, `discard` and the writers built on them:
+    write_json, atomic_file, save_model, Alignment.save) appears only if the whole block succeeds:
+    if it raises (an OSError such as a full disk, a signal, anything), the files it created are
+    removed, those it replaced or removed get their previous content back, and of `outputs` (the
+    paths the block writes) and their folders those it created are removed again if left empty.
+    The previous files are kept as hard links while the block runs, so a full disk cannot stop
+    the undo. Blocks nest: an inner block is part of the outer one."""
+    global _journal
+    if _journal is not None:
+        yield
+        return
+    made = [f for p in outputs for f in _missing_folders(Path(p))]
+    # SIGINT/SIGTERM inside the block raise (the undo runs) and are delivered after it
+    with _signal_guard(", ".join(map(str, outputs)) or "write"):
+        _journal = journal = []
+        try:
+            yield
+        except BaseException:
+            with signals_deferred():
+                _journal = None
+                _undo(journal, made)
+            raise
+        else:
+            with signals_deferred():
+                _journal = None
+                for _, _, kept in journal:
+                    if isinstance(kept, Path):
+                        with contextlib.suppress(OSError):
+                            os.remove(kept)
+
+
+def _undo(journal: list, made: list) -> None:
+    touched = set()
+    for kind, target, kept in reversed(journal):
+        touched.add(target.parent)
+        with contextlib.suppress(OSError):
+            if kind == "folder":
+                target.rmdir()  # only if empty: whatever else is there stays
+            elif kept == "new":
+                if os.path.lexists(target) and not (os.path.isdir(target) and not os.path.islink(target)):
+                    os.remove(target)
+            elif isinstance(kept, Path):
+                os.replace(kept, target)
+    for folder in sorted(set(made), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if empty: whatever else is there stays
+    for folder in touched:
+        if folder.is_dir():
+            fsync_path(folder)
 
 
 @contextlib.contextmanager
@@ -336,8 +491,12 @@ _RUST_OS_ERROR = re.compile(r'Os \{ code: (\d+), kind: \w+, message: "([^"]*)" \
 
 def os_error_of(exc: BaseException, path) -> OSError | None:
     """The OSError a writer's exception reports (errno, message, `path`), if it is one in disguise:
-    safetensors' SafetensorError wraps "No space left on device" and the like."""
+    safetensors' SafetensorError wraps "No space left on device" and the like; an OSError that names
+    one of our temporary files (gone by then) is told of `path`, the file the user asked for."""
     if isinstance(exc, OSError):
+        names = [n for n in (exc.filename, exc.filename2) if n is not None]
+        if exc.errno is not None and any(TEMP_PREFIX in part for n in names for part in Path(os.fsdecode(n)).parts):
+            return OSError(exc.errno, exc.strerror or str(exc), str(path))
         return None
     m = _RUST_OS_ERROR.search(str(exc))
     return OSError(int(m[1]), m[2], str(path)) if m else None
@@ -348,7 +507,7 @@ def writing(path: Path, *also):
     """The frame of every write of `path`: signals guarded, the target locked, stale temps of `path`
     (and of the sibling names in `also`) removed. An OS error a writer reports in its own type
     leaves as the OSError it is (the temp files are gone by then), so callers see one kind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent)
     with _signal_guard(path), _target_lock(path):
         remove_stale_temps(path.parent, [path.name, *also])
         try:
@@ -375,7 +534,7 @@ def folder_for_write(path: Path):
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path} exists and is not a folder")
     created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
+    make_folders(path)
     try:
         yield path
     except BaseException:
@@ -390,7 +549,7 @@ def _move_into(src: Path, dst: Path) -> None:
     Modes are the writers' (the block's files are its own)."""
     for root, _dirs, files in os.walk(src):
         rel = Path(root).relative_to(src)
-        (dst / rel).mkdir(parents=True, exist_ok=True)
+        make_folders(dst / rel)
         for name in files:
             commit(Path(root) / name, dst / rel / name)
 
@@ -415,7 +574,7 @@ def atomic_dir(path, overwrite: bool = True):
 
 
 def _rename_new_folder(tmp: Path, path: Path) -> bool:
-    if path.exists():
+    if path.exists() or _journal is not None:  # inside all_or_nothing: file by file, so each can be undone
         return False
     for root, _dirs, files in os.walk(tmp):
         for name in files:
@@ -428,4 +587,5 @@ def _rename_new_folder(tmp: Path, path: Path) -> bool:
 
 
 
-__all__ = ["atomic_dir", "atomic_file", "check_writable", "finite_json", "json_text", "write_json"]
+__all__ = ["all_or_nothing", "atomic_dir", "atomic_file", "check_writable", "discard", "finite_json", "json_text",
+           "make_folders", "write_json"]

@@ -17,7 +17,8 @@ Writes never lose data (`lmc_fast.atomic`): one atomic rename per file; writing 
 touches only the files the format owns (model.safetensors and config.json; for Hugging Face what
 save_pretrained writes plus lmc_fast_meta.json), never the user's other files; concurrent writers
 of one target take turns on a lock. The weights are renamed into place before the config, and a
-`write_id` in both tells a load when a save was cut between the two.
+`write_id` in both tells a load when a save was cut between the two. A save that fails midway (a
+full disk, no permission) leaves the checkpoint as it was (`atomic.all_or_nothing`).
 
 Loading validates before allocating: config fields are checked, the model is built on the meta
 device and its parameter names, shapes and dtypes are compared with the safetensors headers,
@@ -38,8 +39,9 @@ from typing import NamedTuple
 
 import torch
 
-from .atomic import (atomic_dir, atomic_file, commit, finite_json, folder_for_write, fsync_path, json_text,
-                     remove_stale_temps, signals_deferred, staged, temp_folder, write_json, writing)
+from .atomic import (all_or_nothing, atomic_dir, atomic_file, commit, discard, finite_json, folder_for_write,
+                     fsync_path, json_text, remove_stale_temps, signals_deferred, staged, temp_folder, write_json,
+                     writing)
 from .errors import CheckpointError, CheckpointNotFoundError
 from .paths import utf8_name
 from .models.adapters import HUGGING_FACE, REFERENCE, UnsupportedModelError, adapter_for, reference_model_type
@@ -199,16 +201,17 @@ def save_model(model, path, metadata: dict | None = None) -> Path:
         adapter_for(model)  # only the supported HF classes
         if path.suffix == ".safetensors":
             raise CheckpointError(f"{path}: a Hugging Face model is saved as a folder (save_pretrained), not a file")
-        _save_hf(model, path, metadata)
+        with all_or_nothing(path):  # a failed write (a full disk) leaves the folder as it was
+            _save_hf(model, path, metadata)
         return path
     header = _header(model, metadata)
     tensors = _tensors_to_save(model)
     if path.suffix == ".safetensors":
         side = path.with_suffix(".json")
-        with writing(path, side.name):
+        with all_or_nothing(path), writing(path, side.name):
             _write_ours(path, side, tensors, header)
         return path
-    with writing(path), folder_for_write(path):
+    with all_or_nothing(path), writing(path), folder_for_write(path):
         remove_stale_temps(path, [WEIGHTS, CONFIG])
         _write_ours(path / WEIGHTS, path / CONFIG, tensors, header)
     return path
@@ -251,7 +254,7 @@ def _remove_stale_hf_files(path: Path, written: set) -> None:
     for p in path.iterdir():
         ours = p.name in (WEIGHTS, HF_INDEX, HF_META) or _HF_SHARD.fullmatch(p.name)
         if ours and p.name not in written and p.is_file():
-            p.unlink()
+            discard(p)  # inside all_or_nothing: put back if the write fails after all
 
 
 # ---------------------------------------------------------------- validation

@@ -116,9 +116,9 @@ def run(args, con: Console) -> int:
     seconds = time.perf_counter() - t0
     info = {"kind": "align", "a": args.a, "b": args.b, "method": args.method, "data": data_spec,
             "space": al.spec.space, "seconds": seconds, "info": _jsonable(al.info), "alignment": str(out), "date": now()}
-    out.parent.mkdir(parents=True, exist_ok=True)  # checked writable above; Alignment.save needs the folder
-    al.save(out)
-    write_json(summary, info)
+    with outputs.all_or_nothing():  # the alignment and its summary, or neither (a full disk: one line, exit 2)
+        al.save(out)
+        write_json(summary, info)
     con.out(f"{args.method} alignment ({al.spec.space} space) in {seconds:.2f} s -> {out} (summary {summary})")
     return 0
 

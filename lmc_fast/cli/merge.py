@@ -60,7 +60,7 @@ def run(args, con: Console) -> int:
         outputs.file("--out", path)
     outputs.check()
     if args.stream:
-        return _run_streamed(args, con, entries)
+        return _run_streamed(args, con, entries, outputs)
 
     models = [load(p, args.device) for p in args.models]
     needs_data = args.method in DATA_METHODS
@@ -89,19 +89,20 @@ def run(args, con: Console) -> int:
         result["simplex"] = lf.simplex(aligned, data, n=args.samples, alpha=args.alpha, space=space, seed=args.seed,
                                        progress=not args.quiet)
 
-    # Only merge's own entries are written, each atomically; everything else in --out stays.
-    out.mkdir(parents=True, exist_ok=True)
-    for i, (m, al) in enumerate(zip(aligned, alignments)):
-        save_model(m, entries["aligned"][i], metadata={"source": args.models[i], "method": args.method,
-                                                       "data": spec, **_block_meta(models[i])})
-        al.save(entries["alignments"][i])
-    save_model(merged, entries["merged"], metadata={"sources": args.models, "method": args.method, "data": spec,
-                                                    "weights": [1.0 / n] * n, **_block_meta(models[0])})
-    if "simplex" in result and n == 3:
-        from ..plots import plot_simplex
+    # Only merge's own entries are written, each atomically; everything else in --out stays. All of
+    # them or none: a failed write (a full disk) removes the others and puts back what they replaced.
+    with outputs.all_or_nothing():
+        for i, (m, al) in enumerate(zip(aligned, alignments)):
+            save_model(m, entries["aligned"][i], metadata={"source": args.models[i], "method": args.method,
+                                                           "data": spec, **_block_meta(models[i])})
+            al.save(entries["alignments"][i])
+        save_model(merged, entries["merged"], metadata={"sources": args.models, "method": args.method, "data": spec,
+                                                        "weights": [1.0 / n] * n, **_block_meta(models[0])})
+        if "simplex" in result and n == 3:
+            from ..plots import plot_simplex
 
-        plot_simplex(result["simplex"], entries["simplex"], labels=[Path(p).name for p in args.models])
-    write_json(entries["json"], result)  # last: its presence says the merge finished
+            plot_simplex(result["simplex"], entries["simplex"], labels=[Path(p).name for p in args.models])
+        write_json(entries["json"], result)  # last: its presence says the merge finished
     msg = f"merged {n} models ({args.method}, {mode}) in {align_seconds:.1f} s -> {entries['merged']}"
     if "merged_eval" in result:
         ev = result["merged_eval"]
@@ -112,7 +113,7 @@ def run(args, con: Console) -> int:
     return 0
 
 
-def _run_streamed(args, con: Console, entries: dict) -> int:
+def _run_streamed(args, con: Console, entries: dict, outputs: Outputs) -> int:
     """merge --stream: each model aligned to the first from the checkpoints, outputs written shard by shard."""
     import lmc_fast as lf
 
@@ -135,14 +136,15 @@ def _run_streamed(args, con: Console, entries: dict) -> int:
                   for p in args.models[1:]]
     identity = Alignment.identity(alignments[0].spec)
     align_seconds = time.perf_counter() - t0
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    for i, (path, al) in enumerate(zip(args.models, [identity, *alignments])):
-        apply_to_path(al, path, entries["aligned"][i])
-        al.save(entries["alignments"][i])
-    merge_paths(args.models, entries["merged"], [None, *alignments])
-    write_json(entries["json"], {"kind": "merge", "models": list(args.models), "method": args.method,
-                                 "mode": "reference", "space": identity.spec.space, "streamed": True,
-                                 "align_seconds": align_seconds, "seconds": time.perf_counter() - t0, "date": now()})
+    with outputs.all_or_nothing():  # as the in-memory merge: every output or none
+        for i, (path, al) in enumerate(zip(args.models, [identity, *alignments])):
+            apply_to_path(al, path, entries["aligned"][i])
+            al.save(entries["alignments"][i])
+        merge_paths(args.models, entries["merged"], [None, *alignments])
+        write_json(entries["json"], {"kind": "merge", "models": list(args.models), "method": args.method,
+                                     "mode": "reference", "space": identity.spec.space, "streamed": True,
+                                     "align_seconds": align_seconds, "seconds": time.perf_counter() - t0,
+                                     "date": now()})
     con.out(f"merged {n} models ({args.method}, reference, streamed) in {time.perf_counter() - t0:.1f} s "
             f"-> {entries['merged']}")
     return 0

@@ -19,6 +19,7 @@ class Outputs:
         self.files: list[tuple[str, Path]] = []
         self.folders: list[tuple[str, Path]] = []
         self.figures: list[tuple[str, Path]] = []
+        self.intos: list[Path] = []
         for path in inputs:
             self.add_input(path)
 
@@ -57,7 +58,15 @@ class Outputs:
             if real == src_real or src_real in real.parents:
                 how = "is the input" if real == src_real else "is inside the input"
                 raise CLIError(f"{label} {path}: {how} {src}; choose another output folder")
+        self.intos.append(path)
         return path
+
+    def all_or_nothing(self):
+        """A block writing the command's outputs as one: if any write fails (a full disk, no permission,
+        Ctrl-C), none is left, and the files they replaced are back (`lmc_fast.atomic.all_or_nothing`)."""
+        from ..atomic import all_or_nothing
+
+        return all_or_nothing(*self.intos, *(p for _, p in self.folders), *(p for _, p in self.files))
 
     def check(self):
         seen: list[tuple[str, Path, bool]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .args import DATA_HELP, add_command, block_size_arg, finite_positive_float, nonnegative_int, positive_int
-from .console import CLIError, Console
+from .console import CLIError, Console, one_line
 from .data import data_paths, load_data, split_spec
 from .models import overridden, parse_overrides
 from .outputs import Outputs, now
@@ -77,15 +77,30 @@ def run(args, con: Console) -> int:
         meta = {"data": args.data, "seed": seed, "recipe": rec, "hparams": hp, "batch_size": bs, "train": hist}
         if hasattr(train_ds, "block_size"):
             meta["block_size"] = train_ds.block_size
-        # each model is written when it is done (a long run keeps what finished), atomically
-        path = save_model(model, seed_dirs[seed], metadata=meta)
+        # each model is written when it is done (a long run keeps what finished), all of its files or
+        # none (save_model): a full disk leaves this seed's folder as it was, and the finished ones
+        try:
+            path = save_model(model, seed_dirs[seed], metadata=meta)
+        except OSError as exc:
+            _failed_write(exc, summary)
         ev = hist.get("eval", {})
         summary["runs"].append({"seed": seed, "path": str(path), **{k: hist[k] for k in ("steps", "seconds", "train_loss")},
                                 "eval": ev})
         con.out(f"seed {seed}: {hist['steps']} steps, {hist['seconds']:.1f} s, test loss {ev.get('loss', float('nan')):.4f}, "
                 f"test acc {ev.get('acc', float('nan')):.4f} -> {path}")
-    write_json(out / "train.json", summary)
+    try:
+        write_json(out / "train.json", summary)
+    except OSError as exc:
+        _failed_write(exc, summary)
     return 0
+
+
+def _failed_write(exc: OSError, summary: dict):
+    """A write failed (a full disk): one line that also says which finished models are kept."""
+    if not summary["runs"]:
+        raise exc
+    kept = ", ".join(r["path"] for r in summary["runs"])
+    raise CLIError(f"{one_line(exc)} (the models finished before it are kept: {kept})") from None
 
 
 def _train_setup(args, train_ds, test_ds, overrides: dict):
