@@ -16,9 +16,9 @@ from lmc_fast.symmetry import Alignment, canonical_spec, prepare_params
 from zoo import HF_FP32_INSIDE, logits, make_inputs, make_model, rel_err
 
 #: the zoo's classes whose standard parameters are stored tensors (the ones the streamed reader takes)
-STREAMABLE = ("vit", "gpt2", "llama", "hf_llama", "hf_qwen2", "neox", "bert")
-#: classes whose standard parameters are cut from fused or transposed tensors: loaded whole
-FUSED = ("hf_gpt2", "hf_vit", "hf_neox", "hf_bert")
+STREAMABLE = ("vit", "gpt2", "hf_gpt2", "llama", "hf_llama", "hf_qwen2", "neox", "hf_neox", "hf_neox_seq", "bert")
+#: classes not streamed (yet): loaded whole
+FUSED = ("hf_vit", "hf_bert")
 
 
 @pytest.fixture

@@ -60,16 +60,19 @@ class StreamedCheckpoint:
         key = self.file_key[name]
         file = self.info.homes[key]
         src = self.layout[name]
+        sliced = rows is not None and src.make is None  # a made tensor's rows are not the stored tensor's rows
         try:
             with utf8_name(file) as fname:
                 from safetensors import safe_open
 
                 with safe_open(fname, framework="pt") as f:
-                    t = f.get_tensor(key) if rows is None else f.get_slice(key)[rows[0]:rows[1]]
+                    t = f.get_slice(key)[rows[0]:rows[1]] if sliced else f.get_tensor(key)
         except Exception as exc:  # SafetensorError, OSError: the file changed or broke since it was checked
             raise CheckpointError(f"{file}: cannot read parameter {key!r} ({' '.join(str(exc).split())[:200]})") from None
         if src.make is not None:
-            t = src.make(t)
+            t = src.make(t).contiguous()
+            if rows is not None:
+                t = t[rows[0]:rows[1]]
         if not all_finite(t):
             raise CheckpointError(f"{file}: parameter {key!r} holds NaN or inf values")
         return t.to(dtype)

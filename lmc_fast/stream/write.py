@@ -76,17 +76,20 @@ class SafetensorsWriter:
 @dataclass
 class Template:
     """What a written checkpoint copies from its model: the format ("hf" | "lmc_fast"), the config file's
-    JSON, each standard parameter's key and shape, and the storage dtype."""
+    JSON, the standard parameters' shapes, how each stored tensor is made from them (the adapter's
+    `export`) and its shape, and the storage dtype."""
 
     kind: str
     header: dict
-    layout: dict
     shapes: dict
+    export: dict
+    file_shapes: dict
     dtype: torch.dtype
+    tied: bool = False  # the model's config ties the head to the embedding (its files store it once)
 
     @classmethod
     def of(cls, ck: StreamedCheckpoint) -> "Template":
-        return cls(ck.info.kind, ck.info.header, ck.layout, ck.shapes, ck.dtype)
+        return cls._make(ck.info.kind, ck.info.header, ck.adapter, ck.model, ck.shapes, ck.dtype)
 
     @classmethod
     def of_model(cls, model, dtype: torch.dtype) -> "Template":
@@ -95,29 +98,27 @@ class Template:
         from ..models.adapters import adapter_for
 
         adapter = adapter_for(model)
-        layout = adapter.layout(model)
-        if layout is None:
-            raise ValueError(f"{type(model).__name__} cannot be written streamed (fused tensors)")
         if is_hf_model(model):
-            header = {**model.config.to_dict(), "architectures": [type(model).__name__]}
-            kind = "hf"
+            header, kind = {**model.config.to_dict(), "architectures": [type(model).__name__]}, "hf"
         else:
             header, kind = _header(model, {}), "lmc_fast"
         shapes = {k: tuple(v.shape) for k, v in adapter.get(model).items()}
-        return cls(kind, header, layout, shapes, dtype)
+        return cls._make(kind, header, adapter, model, shapes, dtype)
 
+    @classmethod
+    def _make(cls, kind, header, adapter, model, shapes, dtype) -> "Template":
+        export = adapter.export(model)
+        if export is None:
+            raise ValueError(f"{type(model).__name__} cannot be written a tensor at a time")
+        state = model.state_dict()
+        file_shapes = {k: tuple(state[k].shape) if k in state else shapes[e.names[0]] for k, e in export.items()}
+        # the config object's value, not config.json's: a field left out there still ties by default
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        return cls(kind, header, shapes, export, file_shapes, dtype, tied)
 
-def output_keys(t: Template) -> tuple[dict, bool]:
-    """({standard name: the key it is written under}, whether the input tied its LM head): a tied head
-    comes out as a tensor of its own (aligned in canonical form it differs from the embedding)."""
-    keys, seen = {}, set()
-    for name, src in t.layout.items():
-        key = src.key
-        if key in seen:  # the tied head, which the layout reads from the embedding
-            key = "lm_head.weight"
-        keys[name] = key
-        seen.add(key)
-    return keys, len(set(keys.values())) != len({s.key for s in t.layout.values()})
+    def untied(self) -> bool:
+        """Whether the config ties the head to the embedding while the export writes a head of its own."""
+        return self.tied and any(e.names == ("lm_head.weight",) for e in self.export.values())
 
 
 def _config_files(template: Template, untie: bool, dtype: torch.dtype, metadata: dict) -> tuple:
@@ -145,9 +146,11 @@ def write_checkpoint(out, template, produce, *, metadata: dict | None = None,
     out = Path(out)
     template = Template.of(template) if isinstance(template, StreamedCheckpoint) else template
     dtype = dtype or template.dtype
-    keys, untie = output_keys(template)
-    entries = {keys[n]: (template.shapes[n], dtype) for n in template.shapes}
-    config, weights_meta = _config_files(template, untie, dtype, metadata or {})
+    entries = {key: (template.file_shapes[key], dtype) for key in template.export}
+    by_first = {}  # a stored tensor is made once the piece holding its first parameter comes
+    for key, e in template.export.items():
+        by_first.setdefault(e.names[0], []).append(key)
+    config, weights_meta = _config_files(template, template.untied(), dtype, metadata or {})
     hf = template.kind == "hf"
     files = _plan_shards(entries, shard_bytes or SHARD_BYTES) if hf else {WEIGHTS: list(entries)}
     with writing(out), folder_for_write(out), temp_folder(out) as (tmp, mode):
@@ -156,8 +159,15 @@ def write_checkpoint(out, template, produce, *, metadata: dict | None = None,
         home = {k: w for w in writers.values() for k in w.entries}
         try:
             for part, rows in produce():
-                for name, t in part.items():
-                    home[keys[name]].write(keys[name], t, rows.get(name, (0, 0))[0])
+                for name in part:
+                    for key in by_first.get(name, ()):
+                        e = template.export[key]
+                        if e.make is None:
+                            home[key].write(key, part[name], rows.get(name, (0, 0))[0])
+                        elif any(n in rows for n in e.names):
+                            raise RuntimeError(f"internal: {key!r} is made from row blocks")
+                        else:
+                            home[key].write(key, e.make(*(part[n] for n in e.names)))
         except BaseException:
             for w in writers.values():
                 os.close(w.fd)  # the temp folder goes with its files

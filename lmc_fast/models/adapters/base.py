@@ -36,10 +36,18 @@ class ConfigSizes(NamedTuple):
 
 class Source(NamedTuple):
     """Where one standard parameter comes from in the class's state dict: its key there and, for a
-    layout other than (out, in), the map from that tensor to the standard one (row-wise, so it also
-    maps a block of rows; None: the tensor as stored)."""
+    layout other than (out, in), the map from that tensor to the standard one (None: the tensor as
+    stored; only tensors stored as they are can be read a block of rows at a time)."""
 
     key: str
+    make: object = None
+
+
+class Export(NamedTuple):
+    """How one tensor of the class's state dict is made from standard parameters: their names and the map
+    (None: the one parameter as it is; a map takes the named parameters whole)."""
+
+    names: tuple
     make: object = None
 
 
@@ -74,10 +82,22 @@ class Adapter:
         raise NotImplementedError
 
     def layout(self, model) -> dict[str, Source] | None:
-        """Each standard parameter's Source in the class's state dict, for a class whose standard
-        parameters are its stored tensors renamed (streamed checkpoints read them one at a time);
-        None where standard parameters are cut from fused tensors (those load whole)."""
+        """Each standard parameter's Source in the class's state dict (streamed checkpoints read them one
+        at a time); None for a class that cannot be read that way (it loads whole)."""
         return None
+
+    def export(self, model) -> dict[str, Export] | None:
+        """Each state-dict tensor a streamed write makes, from standard parameters, the LM head under a key
+        of its own (an aligned head differs from the embedding). Default: the layout read backwards, for
+        layouts of renamed tensors."""
+        layout = self.layout(model)
+        if layout is None or any(src.make is not None for src in layout.values()):
+            return None
+        out = {}
+        for name, src in layout.items():
+            key = src.key if src.key not in out else "lm_head.weight"  # the tied head, read from the embedding
+            out[key] = Export((name,))
+        return out
 
     def build(self, template, params: dict[str, torch.Tensor]):
         """A new model of the template's class, dtype and device holding `params`."""
@@ -92,7 +112,7 @@ def from_layout(layout: dict[str, Source], state: dict) -> dict[str, torch.Tenso
     out = {}
     for name, src in layout.items():
         t = state[src.key].detach()
-        out[name] = (t if src.make is None else src.make(t)).clone()
+        out[name] = t.clone() if src.make is None else src.make(t).contiguous().clone()
     return out
 
 

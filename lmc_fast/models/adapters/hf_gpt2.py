@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..arch import Arch
-from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
+from .base import (Adapter, ConfigSizes, Export, Source, UnsupportedModelError, _fresh_like, _load_lm_head, _tied,
+                   from_layout)
 
 
 class HFGPT2Adapter(Adapter):
@@ -43,27 +44,47 @@ class HFGPT2Adapter(Adapter):
         return {"vocab_size": model.config.vocab_size, "context": model.config.n_positions}
 
     def get(self, model):
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return from_layout(self.layout(model), model.state_dict())
+
+    # per layer: ours <- theirs, transposed (Conv1D stores (in, out)); biases as they are
+    CONV1D = (("attn.o", "attn.c_proj"), ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj"))
+
+    def layout(self, model):
         d = model.config.n_embd
-        p = {"tok_embed.weight": sd["transformer.wte.weight"], "pos_embed": sd["transformer.wpe.weight"]}
+        p = {"tok_embed.weight": Source("transformer.wte.weight"), "pos_embed": Source("transformer.wpe.weight")}
         for l in range(model.config.n_layer):
             h, b = f"transformer.h.{l}.", f"blocks.{l}."
-            W, bias = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]
-            for i, name in enumerate("qkv"):
-                p[b + f"attn.{name}.weight"] = W[:, i * d : (i + 1) * d].T.contiguous()
-                p[b + f"attn.{name}.bias"] = bias[i * d : (i + 1) * d].clone()
-            p[b + "attn.o.weight"] = sd[h + "attn.c_proj.weight"].T.contiguous()
-            p[b + "attn.o.bias"] = sd[h + "attn.c_proj.bias"]
-            p[b + "mlp.fc1.weight"] = sd[h + "mlp.c_fc.weight"].T.contiguous()
-            p[b + "mlp.fc1.bias"] = sd[h + "mlp.c_fc.bias"]
-            p[b + "mlp.fc2.weight"] = sd[h + "mlp.c_proj.weight"].T.contiguous()
-            p[b + "mlp.fc2.bias"] = sd[h + "mlp.c_proj.bias"]
+            for i, name in enumerate("qkv"):  # c_attn's columns [q | k | v]
+                p[b + f"attn.{name}.weight"] = Source(h + "attn.c_attn.weight", lambda t, i=i: t[:, i * d:(i + 1) * d].T)
+                p[b + f"attn.{name}.bias"] = Source(h + "attn.c_attn.bias", lambda t, i=i: t[i * d:(i + 1) * d])
+            for ours, theirs in self.CONV1D:
+                p[b + f"{ours}.weight"] = Source(h + f"{theirs}.weight", lambda t: t.T)
+                p[b + f"{ours}.bias"] = Source(h + f"{theirs}.bias")
             for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-                p[b + f"{ours}.weight"] = sd[h + f"{theirs}.weight"]
-                p[b + f"{ours}.bias"] = sd[h + f"{theirs}.bias"]
-        p["ln_f.weight"], p["ln_f.bias"] = sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]
-        p["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"]).clone()
+                for t in ("weight", "bias"):
+                    p[b + f"{ours}.{t}"] = Source(h + f"{theirs}.{t}")
+        p["ln_f.weight"], p["ln_f.bias"] = Source("transformer.ln_f.weight"), Source("transformer.ln_f.bias")
+        tied = getattr(model.config, "tie_word_embeddings", True)
+        p["lm_head.weight"] = Source("transformer.wte.weight" if tied else "lm_head.weight")
         return p
+
+    def export(self, model):
+        out = {"transformer.wte.weight": Export(("tok_embed.weight",)), "transformer.wpe.weight": Export(("pos_embed",))}
+        for l in range(model.config.n_layer):
+            h, b = f"transformer.h.{l}.", f"blocks.{l}."
+            out[h + "attn.c_attn.weight"] = Export(tuple(b + f"attn.{n}.weight" for n in "qkv"),
+                                                   lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=1))
+            out[h + "attn.c_attn.bias"] = Export(tuple(b + f"attn.{n}.bias" for n in "qkv"),
+                                                 lambda q, k, v: torch.cat([q, k, v]))
+            for ours, theirs in self.CONV1D:
+                out[h + f"{theirs}.weight"] = Export((b + f"{ours}.weight",), lambda t: t.T)
+                out[h + f"{theirs}.bias"] = Export((b + f"{ours}.bias",))
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                for t in ("weight", "bias"):
+                    out[h + f"{theirs}.{t}"] = Export((b + f"{ours}.{t}",))
+        out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = Export(("ln_f.weight",)), Export(("ln_f.bias",))
+        out["lm_head.weight"] = Export(("lm_head.weight",))
+        return out
 
     def build(self, template, params):
         tie = _tied(params)

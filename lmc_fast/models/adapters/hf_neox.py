@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..arch import Arch
-from .base import Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _load_lm_head, _tied
+from .base import (Adapter, ConfigSizes, Export, Source, UnsupportedModelError, _fresh_like, _load_lm_head, _tied,
+                   from_layout)
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -69,25 +70,50 @@ class HFGPTNeoXAdapter(Adapter):
         return {"vocab_size": model.config.vocab_size, "context": model.config.max_position_embeddings}
 
     def get(self, model):
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        c = model.config
+        return from_layout(self.layout(model), model.state_dict())
+
+    def layout(self, model):
+        state, c = model.state_dict(), model.config
         H, d = c.num_attention_heads, c.hidden_size
-        p = {"tok_embed.weight": sd["gpt_neox.embed_in.weight"]}
+        p = {"tok_embed.weight": Source("gpt_neox.embed_in.weight")}
         for l in range(c.num_hidden_layers):
             h, b = f"gpt_neox.layers.{l}.", f"blocks.{l}."
             for t in ("weight", "bias"):
                 key = h + f"attention.query_key_value.{t}"
-                if key in sd:  # rows per head: [q_h; k_h; v_h]
-                    fused = sd[key].reshape(H, 3, d // H, *sd[key].shape[1:])
+                if key in state:  # rows per head: [q_h; k_h; v_h]
                     for i, n in enumerate("qkv"):
-                        p[b + f"attn.{n}.{t}"] = fused[:, i].reshape(d, *sd[key].shape[1:]).contiguous()
+                        p[b + f"attn.{n}.{t}"] = Source(
+                            key, lambda x, i=i: x.reshape(H, 3, d // H, *x.shape[1:])[:, i].reshape(d, *x.shape[1:]))
                 for theirs, ours in self.LAYER_NAMES:
-                    if h + f"{theirs}.{t}" in sd:
-                        p[b + f"{ours}.{t}"] = sd[h + f"{theirs}.{t}"]
+                    if h + f"{theirs}.{t}" in state:
+                        p[b + f"{ours}.{t}"] = Source(h + f"{theirs}.{t}")
         for t in ("weight", "bias"):
-            p[f"ln_f.{t}"] = sd[f"gpt_neox.final_layer_norm.{t}"]
-        p["lm_head.weight"] = sd.get(self._head_key(sd), sd["gpt_neox.embed_in.weight"]).clone()
+            p[f"ln_f.{t}"] = Source(f"gpt_neox.final_layer_norm.{t}")
+        tied = getattr(c, "tie_word_embeddings", False)
+        p["lm_head.weight"] = Source("gpt_neox.embed_in.weight" if tied else self._head_key(state))
         return p
+
+    def export(self, model):
+        state, c = model.state_dict(), model.config
+        H, d = c.num_attention_heads, c.hidden_size
+
+        def fused(q, k, v):  # back to rows per head [q_h; k_h; v_h]
+            parts = [x.reshape(H, 1, d // H, *x.shape[1:]) for x in (q, k, v)]
+            return torch.cat(parts, dim=1).reshape(3 * d, *q.shape[1:])
+
+        out = {"gpt_neox.embed_in.weight": Export(("tok_embed.weight",))}
+        for l in range(c.num_hidden_layers):
+            h, b = f"gpt_neox.layers.{l}.", f"blocks.{l}."
+            for t in ("weight", "bias"):
+                if h + f"attention.query_key_value.{t}" in state:
+                    out[h + f"attention.query_key_value.{t}"] = Export(tuple(b + f"attn.{n}.{t}" for n in "qkv"), fused)
+                for theirs, ours in self.LAYER_NAMES:
+                    if h + f"{theirs}.{t}" in state:
+                        out[h + f"{theirs}.{t}"] = Export((b + f"{ours}.{t}",))
+        for t in ("weight", "bias"):
+            out[f"gpt_neox.final_layer_norm.{t}"] = Export((f"ln_f.{t}",))
+        out[self._head_key(state)] = Export(("lm_head.weight",))
+        return out
 
     def build(self, template, params):
         tie = _tied(params)
