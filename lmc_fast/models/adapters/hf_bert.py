@@ -13,8 +13,8 @@ another position, so inputs holding it are refused.
 from __future__ import annotations
 
 from ..arch import Arch
-from .base import (Adapter, ConfigSizes, UnsupportedModelError, _fresh_like, _hf_class, _load, _load_lm_head,
-                   _tied)
+from .base import (Adapter, ConfigSizes, Export, Source, UnsupportedModelError, _fresh_like, _hf_class, _load,
+                   _load_lm_head, _tied, from_layout)
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # (theirs under <base>.encoder.layer.L., ours under blocks.L.)
@@ -96,22 +96,35 @@ class HFBertAdapter(Adapter):
         return list(self.TRANSFORM) + ([(self.POOLER, "pooler"), (self.NEXT_SENTENCE, "nsp")] if kind == "nsp" else [])
 
     def get(self, model):
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return from_layout(self.layout(model), model.state_dict())
+
+    def layout(self, model):
         kind, base = self._kind(model), self.BASE
-        p = {ours: sd[f"{base}.embeddings.{theirs}"] for theirs, ours in EMBEDDINGS}
+        p = {ours: Source(f"{base}.embeddings.{theirs}") for theirs, ours in EMBEDDINGS}
         for l in range(model.config.num_hidden_layers):
             for theirs, ours in LAYER_NAMES:
                 for t in ("weight", "bias"):
-                    p[f"blocks.{l}.{ours}.{t}"] = sd[f"{base}.encoder.layer.{l}.{theirs}.{t}"]
+                    p[f"blocks.{l}.{ours}.{t}"] = Source(f"{base}.encoder.layer.{l}.{theirs}.{t}")
         for theirs, ours in self._heads(kind):
             for t in ("weight", "bias"):
-                p[f"{ours}.{t}"] = sd[f"{theirs}.{t}"]
+                p[f"{ours}.{t}"] = Source(f"{theirs}.{t}")
         if kind != "classify":
-            p["lm_head.weight"] = sd.get(self.DECODER + ".weight", p["tok_embed.weight"]).clone()
-            # the decoder's own bias is what the forward adds (tied to the head's bias unless the config
-            # unties the head, where that one is left unused)
-            p["lm_head.bias"] = sd.get(self.DECODER + ".bias", sd[self.DECODER_BIAS])
+            tied = getattr(model.config, "tie_word_embeddings", True)
+            # a tied decoder is stored once, as the embedding, and its bias as the head's bias; an untied
+            # one has its own weight and the bias the forward adds (the head's is left unused)
+            p["lm_head.weight"] = Source(p["tok_embed.weight"].key if tied else self.DECODER + ".weight")
+            p["lm_head.bias"] = Source(self.DECODER_BIAS if tied else self.DECODER + ".bias")
         return p
+
+    def export(self, model):
+        layout, state = self.layout(model), model.state_dict()
+        out = {src.key: Export((name,)) for name, src in layout.items() if not name.startswith("lm_head.")}
+        if "lm_head.weight" in layout:  # the decoder written untied, its bias under both names the module has
+            out[self.DECODER + ".weight"] = Export(("lm_head.weight",))
+            out[self.DECODER_BIAS] = Export(("lm_head.bias",))
+            if self.DECODER + ".bias" in state:
+                out[self.DECODER + ".bias"] = Export(("lm_head.bias",))
+        return out
 
     def build(self, template, params):
         kind, base = self._kind(template), self.BASE

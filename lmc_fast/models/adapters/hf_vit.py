@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 
 from ..arch import Arch
-from .base import Adapter, ConfigSizes, UnsupportedModelError, _load
+from .base import Adapter, ConfigSizes, Export, Source, UnsupportedModelError, _load, from_layout
 
 
 class HFViTAdapter(Adapter):
@@ -57,21 +57,33 @@ class HFViTAdapter(Adapter):
                 "num_classes": c.num_labels}
 
     def get(self, model):
-        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return from_layout(self.layout(model), model.state_dict())
+
+    def layout(self, model):
         d = model.config.hidden_size
         e = "vit.embeddings."
-        p = {"patch_embed.weight": sd[e + "patch_embeddings.projection.weight"].reshape(d, -1),
-             "patch_embed.bias": sd[e + "patch_embeddings.projection.bias"],
-             "cls_token": sd[e + "cls_token"].reshape(d), "pos_embed": sd[e + "position_embeddings"].reshape(-1, d)}
-        prefix, names = self._layout(sd)
+        p = {"patch_embed.weight": Source(e + "patch_embeddings.projection.weight", lambda t: t.reshape(d, -1)),
+             "patch_embed.bias": Source(e + "patch_embeddings.projection.bias"),
+             "cls_token": Source(e + "cls_token", lambda t: t.reshape(d)),
+             "pos_embed": Source(e + "position_embeddings", lambda t: t.reshape(-1, d))}
+        state = model.state_dict()
+        prefix, names = self._layout(state)
         for l in range(model.config.num_hidden_layers):
             for ours, theirs in names.items():
                 for t in ("weight", "bias"):
-                    if f"{prefix}{l}.{theirs}.{t}" in sd:  # q / k / v biases only with qkv_bias
-                        p[f"blocks.{l}.{ours}.{t}"] = sd[f"{prefix}{l}.{theirs}.{t}"]
+                    if f"{prefix}{l}.{theirs}.{t}" in state:  # q / k / v biases only with qkv_bias
+                        p[f"blocks.{l}.{ours}.{t}"] = Source(f"{prefix}{l}.{theirs}.{t}")
         for t in ("weight", "bias"):
-            p[f"ln_f.{t}"], p[f"head.{t}"] = sd[f"vit.layernorm.{t}"], sd[f"classifier.{t}"]
+            p[f"ln_f.{t}"], p[f"head.{t}"] = Source(f"vit.layernorm.{t}"), Source(f"classifier.{t}")
         return p
+
+    def export(self, model):
+        state = model.state_dict()
+        out = {}
+        for name, src in self.layout(model).items():
+            shape = state[src.key].shape  # the conv kernel, cls token and positions: back to their own shapes
+            out[src.key] = Export((name,), None if src.make is None else (lambda t, shape=shape: t.reshape(shape)))
+        return out
 
     def build(self, template, params):
         model = copy.deepcopy(template)
