@@ -187,6 +187,18 @@ def _drop(field):
     return edit
 
 
+def _acc_everywhere(r):
+    """The accuracy at 0.5 edited in the curve, in acc_mid and in both accuracy barriers: every number
+    derived from it agrees; only the calibration bins it was computed from do not."""
+    if "curve" not in r:
+        return
+    c = r["curve"]
+    j = c["lambdas"].index(0.5)
+    c["acc"][j] = r["acc_mid"] = c["acc"][j] + 0.25 if c["acc"][j] <= 0.75 else c["acc"][j] - 0.25
+    drop = max((1 - t) * c["acc_a"] + t * c["acc_b"] - v for v, t in zip(c["acc"], c["lambdas"]))
+    c["acc_barrier"] = r["acc_barrier"] = drop
+
+
 # (case id, edit of every stored unit record)
 RECORDS = [
     ("string-barrier", _pair_edit("barrier", str)),
@@ -203,6 +215,41 @@ RECORDS = [
     ("centroid-edited", _simplex_edit("centroid", lambda c: c - 3.0)),
     ("worst-edited", _simplex_edit("worst", lambda w: -1.0)),
     ("simplex-samples-cut", lambda r: r.get("simplex", {}).get("samples", [None]).pop()),
+    # numbers that are not numbers, counts out of range (json.dumps writes NaN as a bare NaN)
+    ("nan-barrier", _pair_edit("barrier", lambda b: float("nan"))),
+    ("nan-in-the-curve", _curve_edit("loss", lambda v: [float("nan")] + v[1:])),
+    ("inf-centroid", _simplex_edit("centroid", lambda c: float("inf"))),
+    ("negative-examples", lambda r: r.__setitem__("examples", -r["examples"])),
+    ("negative-rank", lambda r: r.__setitem__("rank", -1)),
+    ("string-rank", lambda r: r.__setitem__("rank", "0")),
+    ("date-a-number", lambda r: r.__setitem__("date", 20240101)),
+    ("negative-peak-bytes", _pair_edit("memory", lambda m: dict(m, peak_bytes=-1))),
+    ("memory-a-string", _pair_edit("memory", str)),
+    ("reliability-count-negative", _curve_edit("reliability", lambda v: [dict(d, n=[-c for c in d["n"]]) for d in v])),
+    # fields of another grid, unit or kind
+    ("other-data", lambda r: r.__setitem__("data", "fashion-mnist")),
+    ("other-split", lambda r: r.__setitem__("split", "train")),
+    ("other-space", lambda r: r.__setitem__("space", "canonical")),
+    ("other-alpha", _simplex_edit("alpha", lambda a: 2 * a)),
+    ("alpha-a-string", _simplex_edit("alpha", str)),
+    ("an-alignment-for-a-method-without", _pair_edit("alignment", lambda a: "alignments/x.safetensors")),
+    ("alignment-reused-a-string", _pair_edit("alignment_reused", lambda a: "no")),
+    ("info-a-string", lambda r: r.__setitem__("info", "x")),
+    ("simplex-alignments-not-a-list", _simplex_edit("alignments", lambda a: 5)),
+    ("curve-adaptive", _curve_edit("adaptive", lambda a: {"evaluations": 3})),
+    ("curve-other-space", _curve_edit("space", lambda v: "canonical")),
+    ("curve-extra-field", lambda r: r.get("curve", {}).__setitem__("note", 1)),
+    ("simplex-extra-field", lambda r: r.get("simplex", {}).__setitem__("note", 1)),
+    # edits that keep the edited numbers agreeing with each other, but not with the rest
+    ("curve-ppl-a-string", _curve_edit("ppl", lambda v: "x")),
+    ("signed-max-edited", _curve_edit("signed_max", lambda v: v + 1.0)),
+    ("reliability-shortened", _curve_edit("reliability", lambda v: v[:-1])),
+    ("acc-edited-with-acc-mid-and-barrier", lambda r: _acc_everywhere(r)),
+    ("sample-loss-edited", _simplex_edit("simplex", lambda s: dict(s, samples=[dict(s["samples"][0],
+                                                                                  loss=s["samples"][0]["loss"] + 1)]
+                                                                    + s["samples"][1:]))),
+    ("model-row-mixed", _simplex_edit("simplex", lambda s: dict(s, models=[dict(s["models"][0], weights=[0.5, 0.5])]
+                                                                 + s["models"][1:]))),
 ]
 
 
@@ -225,6 +272,42 @@ def test_an_edited_unit_record_is_computed_again(tmp_path, vits, case):
         again = grid.run(_simplex_spec(vits), out, quiet=True)
     assert again["reused"] < len(first)
     assert _numbers(again["records"]) == _numbers(first)
+
+
+def _truncated(text, others):
+    return text[: len(text) // 2]
+
+
+def _another_units(text, others):
+    return others[0]
+
+
+# (case id, the file's new text from its text and the other unit files' texts)
+RECORD_FILES = [("truncated", _truncated), ("empty", lambda t, o: ""), ("last-brace-missing", lambda t, o: t.rstrip()[:-1]),
+                ("json-null", lambda t, o: "null"), ("json-list", lambda t, o: "[]"),
+                ("nested-too-deeply", lambda t, o: "[" * 100_000 + "]" * 100_000),
+                ("another-units-record", _another_units)]
+
+
+@pytest.mark.parametrize("case", RECORD_FILES, ids=[c[0] for c in RECORD_FILES])
+def test_a_damaged_unit_file_is_computed_again(tmp_path, vits, case):
+    """A unit file cut short, emptied, replaced by other JSON or by the record of another unit: a
+    warning naming it, the unit computed again, every output as a clean run's."""
+    _, change = case
+    out = tmp_path / "o"
+    first = grid.run(_simplex_spec(vits), out, quiet=True)["records"]
+    paths = sorted((out / "units").glob("*.json"))
+    texts = [p.read_text() for p in paths]
+    for k, path in enumerate(paths):
+        path.write_text(change(texts[k], texts[k + 1:] + texts[:k]))
+    with pytest.warns(UserWarning, match=r"units/\w+\.json: damaged unit record"):
+        again = grid.run(_simplex_spec(vits), out, quiet=True)
+    assert again["reused"] == 0 and again["computed"] == len(first)
+    assert _numbers(again["records"]) == _numbers(first)
+    assert grid.run(_simplex_spec(vits), out, quiet=True)["reused"] == len(first)  # the files were rewritten
+    summary = (out / "summary.csv").read_text()
+    grid.run(_simplex_spec(vits), out, quiet=True, resume=False)
+    assert (out / "summary.csv").read_text() == summary  # the summary is a clean run's
 
 
 def _numbers(obj):

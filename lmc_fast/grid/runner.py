@@ -83,6 +83,11 @@ def read_unit(path: Path, unit: Unit, spec: GridSpec, warn: bool = True) -> dict
         return check_record(json.loads(path.read_text(encoding="utf-8")), unit, spec)
     except FileNotFoundError:
         return None
+    except RecursionError:  # JSON nested too deeply to read
+        exc = "nested too deeply to read"
+        if warn:
+            warnings.warn(f"{path}: damaged unit record ({exc}); computing the unit again", stacklevel=2)
+        return None
     except (OSError, ValueError) as exc:  # (a decoding error is a ValueError)
         if warn:
             warnings.warn(f"{path}: damaged unit record ({exc}); computing the unit again", stacklevel=2)
@@ -424,12 +429,14 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
                 if record is None:
                     raise RuntimeError(f"unit {unit.index} ({unit.method} on pair {unit.pair}) has no result file")
                 # the stored record may come from an equal unit of another grid (same weights, other paths)
+                # (its options too: a method that aligns nothing has none in its key)
+                options = _jsonable(spec.options.get(unit.method, {}))
                 if unit.kind == "simplex":
                     record.update(unit=unit.index, models=list(unit.models),
-                                  paths=[runner.paths[k] for k in unit.models], method=unit.method)
+                                  paths=[runner.paths[k] for k in unit.models], method=unit.method, options=options)
                 else:
                     record.update(unit=unit.index, pair=list(unit.pair), a=runner.paths[unit.pair[0]],
-                                  b=runner.paths[unit.pair[1]], method=unit.method)
+                                  b=runner.paths[unit.pair[1]], method=unit.method, options=options)
                 records.append(record)
             result["records"] = records
             result["summary"] = write_reports(records, spec, out)
