@@ -310,6 +310,20 @@ def test_a_damaged_unit_file_is_computed_again(tmp_path, vits, case):
     assert (out / "summary.csv").read_text() == summary  # the summary is a clean run's
 
 
+def test_a_folder_at_a_units_name_is_refused_before_any_unit(tmp_path, vits):
+    out = tmp_path / "o"
+    grid.run(_spec(vits), out, quiet=True)
+    (record,) = (out / "units").glob("*.json")
+    record.unlink()
+    (record / "mine").mkdir(parents=True)
+    before = {p: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match=rf"{record.name}: is not a file") as info:
+        grid.run(_spec(vits), out, quiet=True)
+    assert "\n" not in str(info.value) and (record / "mine").is_dir()
+    assert {p: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # no report rewritten
+    assert not list((out / "sweeps").iterdir())  # no unit started
+
+
 def _numbers(obj):
     """The records without their timings and dates (what a recomputation may change)."""
     if isinstance(obj, dict):

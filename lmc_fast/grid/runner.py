@@ -74,11 +74,15 @@ def _jsonable(obj):
 
 def read_unit(path: Path, unit: Unit, spec: GridSpec, warn: bool = True) -> dict | None:
     """The stored record of `unit`, validated in full (records.py); None if absent, and (with a
-    warning naming the file) if unreadable or damaged: the unit is then computed again."""
+    warning naming the file) if unreadable or damaged: the unit is then computed again. A folder
+    (or anything but a file) at its name is refused in one line: the record could not replace it."""
     import warnings
 
     from .records import check_record
 
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: is not a file, and a unit's record is stored there; move it away "
+                         f"(or choose another --out)")
     try:
         return check_record(json.loads(path.read_text(encoding="utf-8")), unit, spec)
     except FileNotFoundError:
