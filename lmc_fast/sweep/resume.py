@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_json
-from .metrics import MetricSums
+from .metrics import TASKS, MetricSums
 
 #: bump when a record would no longer hold what this code computes
 RESUME_FORMAT = 1
@@ -126,11 +126,14 @@ def _decode_like(name: str, value, like):
 
 
 def check_sums(s: MetricSums) -> None:
-    """A ValueError unless the sums could come from MetricSums.add: counts >= 0, finite sums,
+    """A ValueError unless the sums could come from MetricSums.add: counts >= 0, a known task of the
+    sums' kind (language model or classifier), finite sums,
     loss >= 0, every bin's count whole, its accuracy and confidence sums within [0, count]
     (confidence within the bin's range), bin counts summing to n and their hits to `correct`."""
     if s.batches < 0 or s.n < 0 or s.n > 0 and s.batches == 0:
         raise ValueError(f"counts out of range (batches {s.batches}, n {s.n})")
+    if s.task is not None and (s.task not in TASKS or (s.task == "classify") == s.is_lm):
+        raise ValueError(f"task {s.task!r:.60} is not one of {', '.join(TASKS)} fitting is_lm={s.is_lm}")
     if not (math.isfinite(s.loss) and s.loss >= 0):
         raise ValueError(f"loss sum {s.loss!r} is not a finite number >= 0")
     if not (math.isfinite(s.correct) and 0 <= s.correct <= s.n and s.correct == round(s.correct)):
