@@ -665,8 +665,9 @@ def _load_hf(path: Path):
     cls, config, specs = type(info.meta_model), info.meta_model.config, info.specs
     name = cls.__name__
     try:
-        with _hf_quiet() as transformers:
-            model, loading = cls.from_pretrained(str(path), config=config, local_files_only=True, use_safetensors=True,
+        # safetensors takes UTF-8 names only: a folder whose name is other bytes is read through a UTF-8 one
+        with _hf_quiet() as transformers, utf8_name(path) as folder:
+            model, loading = cls.from_pretrained(folder, config=config, local_files_only=True, use_safetensors=True,
                                                  output_loading_info=True,
                                                  **_dtype_kwarg(transformers,
                                                                 _kept_on_load(specs, _dropped_on_load(cls, info.meta_model))))

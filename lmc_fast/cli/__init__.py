@@ -111,7 +111,9 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def error(msg: str) -> int:
-    print(f"{PROG}: error: {msg}", file=sys.stderr, flush=True)
+    from ..paths import print_line
+
+    print_line(f"{PROG}: error: {msg}", sys.stderr)
     return 2
 
 

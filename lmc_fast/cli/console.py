@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from ..paths import print_line
+
 PROG = "lmc-fast"
 
 
@@ -16,10 +18,10 @@ class Console:
 
     def log(self, msg: str):
         if not self.quiet:
-            print(msg, file=sys.stderr, flush=True)
+            print_line(msg, sys.stderr)
 
     def out(self, msg: str):
-        print(msg, flush=True)
+        print_line(msg)  # a path whose name is not UTF-8 is printed escaped, not refused by a strict stdout
 
 
 def one_line(exc: BaseException) -> str:

@@ -384,7 +384,9 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
     spec = _as_spec(spec)
     out = Path(out)
     check_outputs(spec, out, inputs, profile)
-    say = log or (lambda msg: None if quiet else print(msg, flush=True))
+    from ..paths import print_line
+
+    say = log or (lambda msg: None if quiet else print_line(msg))
     with process_group(spec.device) as group:
         def rank_say(msg):
             say(msg if group.world == 1 else f"[rank {group.rank}] {msg}")
