@@ -36,6 +36,31 @@ def split_spec(spec: str):
     return name.strip().lower(), (arg or None)
 
 
+def is_text_spec(spec: str) -> bool:
+    """Whether the spec reads text (blocks of tokens for language models)."""
+    return split_spec(spec)[0] in ("text", "shakespeare")
+
+
+#: tokens per block of text when nothing says otherwise (nor a model's shorter context)
+DEFAULT_BLOCK_SIZE = 64
+
+
+def block_size_for(given: int | None, recorded: int | None, contexts, where: str = "--block-size") -> int:
+    """The block size of text data read for language models: `given` (--block-size, a grid's
+    data.block_size), else `recorded` (the block the first model was trained on, its checkpoint's
+    metadata), else min(64, every model's context). A block longer than a model's context is refused
+    in one line (`contexts`: (name, context or None) per model); so is a recorded one that is not a count."""
+    if recorded is not None and (isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 2):
+        recorded = None  # metadata of another writer: not a block size (the default applies)
+    known = [(name, c) for name, c in contexts if c is not None]
+    block = given or recorded or min([DEFAULT_BLOCK_SIZE, *(c for _, c in known)])
+    for name, context in known:
+        if block > context:
+            how = "" if given else " (the block size the first model was trained on)"
+            raise ValueError(f"{where} {block}{how}: longer than the context of {name} ({context} positions)")
+    return block
+
+
 def data_paths(spec: str | None) -> list[Path]:
     """The file or folder a data spec reads (text:PATH, mnist:DIR, ...), as an input."""
     if not spec:

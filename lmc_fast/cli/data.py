@@ -31,27 +31,20 @@ def _data_spec(args, models) -> str:
     raise CLIError("--data is required (the checkpoints do not record the data they were trained on)")
 
 
-def _is_text(spec: str) -> bool:
-    return split_spec(spec)[0] in ("text", "shakespeare")
-
-
-def _check_block_size(block: int, models, paths):
-    """A block longer than a language model's context cannot be evaluated: say so up front."""
-    for model, path in zip(models, paths):
-        context = _context(model)
-        if context is not None and is_text_model(model) and block > context:
-            raise CLIError(f"--block-size {block}: longer than the context of {path} ({context} positions)")
-
-
 def model_data(args, models, paths=None):
-    """(spec, train dataset, test dataset) fitting `models` (block size from a GPT-2's context)."""
+    """(spec, train dataset, test dataset) fitting `models`: text in blocks of --block-size, else the
+    first model's recorded block, else min(64, the models' context) (data_specs.block_size_for)."""
     spec = _data_spec(args, models)
     block = None
-    if _is_text(spec):
-        meta_block = getattr(models[0], "lmc_fast_metadata", {}).get("block_size")
-        block = args.block_size or meta_block or min(64, _context(models[0]) or 64)
-        _check_block_size(block, models, paths or [f"model {i}" for i in range(len(models))])
-    train, test = load_data(spec, block or 64)
+    if data_specs.is_text_spec(spec):
+        names = paths or [f"model {i}" for i in range(len(models))]
+        contexts = [(name, _context(m) if is_text_model(m) else None) for name, m in zip(names, models)]
+        try:
+            block = data_specs.block_size_for(args.block_size, getattr(models[0], "lmc_fast_metadata", {}).get(
+                "block_size"), contexts)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+    train, test = load_data(spec, block or data_specs.DEFAULT_BLOCK_SIZE)
     from ..data.masked import for_task
     from ..models.adapters import adapter_for
     from ..sweep.metrics import task_of

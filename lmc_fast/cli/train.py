@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .args import DATA_HELP, add_command, block_size_arg, finite_positive_float, nonnegative_int, positive_int
 from .console import CLIError, Console, one_line
+from ..data_specs import DEFAULT_BLOCK_SIZE
 from .data import data_paths, load_data, split_spec
 from .models import overridden, parse_overrides
 from .outputs import Outputs, now
@@ -59,7 +60,7 @@ def run(args, con: Console) -> int:
     if args.model == "vit" and name == "fashion-mnist" and args.limit is None and ":" not in args.data:
         train_ds, test_ds = recipe("vit-fashion-mnist").datasets()  # the recipe's measured 20k subset
     else:
-        train_ds, test_ds = load_data(args.data, args.block_size or 64, args.limit)
+        train_ds, test_ds = load_data(args.data, args.block_size or DEFAULT_BLOCK_SIZE, args.limit)
     if args.model in MASKED_MODELS:  # masked-token pretraining reads masked blocks (vocabulary + [MASK])
         from ..data.masked import for_task
 

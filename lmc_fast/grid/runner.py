@@ -31,12 +31,41 @@ def _as_spec(spec) -> GridSpec:
 
 def _data(spec: GridSpec):
     """(train dataset, test dataset) of the spec's data (the grammar of the CLI's --data)."""
-    from ..data_specs import load_data
+    from ..data_specs import DEFAULT_BLOCK_SIZE, load_data
 
     try:
-        return load_data(spec.data, spec.block_size or 64)
+        return load_data(spec.data, spec.block_size or DEFAULT_BLOCK_SIZE)
     except ValueError as exc:
         raise ValueError(f"data.spec: {exc}") from None
+
+
+def with_block_size(spec: GridSpec) -> GridSpec:
+    """`spec` with the block size its text is read in, by the CLI's rule (data_specs.block_size_for):
+    data.block_size, else the block the first model was trained on, else min(64, every model's
+    context), read from the checkpoints' headers (no weights), before any unit; a block longer than
+    a model's context is refused in one line. Left unset where it is 64 (the keys of earlier units
+    hold None for it); recipe models are trained on their data's blocks."""
+    import dataclasses
+
+    from ..data_specs import DEFAULT_BLOCK_SIZE, block_size_for, is_text_spec
+
+    if not spec.models or not is_text_spec(spec.data):
+        return spec
+    from ..io import inspect_checkpoint
+    from ..models.adapters import adapter_for
+
+    contexts, recorded = [], None
+    for k, path in enumerate(spec.models):
+        info = inspect_checkpoint(path)
+        model, adapter = info.meta_model, adapter_for(info.meta_model)
+        tokens = adapter.arch(model).inputs == "tokens"
+        contexts.append((path, adapter.shape_fields(model).get("context") if tokens else None))
+        if k == 0:
+            recorded = info.metadata.get("block_size") if isinstance(info.metadata, dict) else None
+    block = block_size_for(spec.block_size, recorded, contexts, "data.block_size")
+    if spec.block_size is None and block == DEFAULT_BLOCK_SIZE:
+        return spec
+    return dataclasses.replace(spec, block_size=block)
 
 
 def _batches(dataset, batch_size: int, shuffle: bool, max_batches: int | None, device: str) -> list:
@@ -384,6 +413,7 @@ def run(spec, out, *, resume: bool = True, quiet: bool = False, log=None, profil
     spec = _as_spec(spec)
     out = Path(out)
     check_outputs(spec, out, inputs, profile)
+    spec = with_block_size(spec)  # the models' context, before any unit
     from ..paths import print_line
 
     say = log or (lambda msg: None if quiet else print_line(msg))

@@ -3,6 +3,8 @@
     [data]
     spec = "digits"            # any --data value of the other commands
     split = "test"             # the split swept (default "test"); matching reads "train"
+    block_size = 64            # text: tokens per block (default: the first model's training block, else
+                               # min(64, the models' context), as the other commands)
     [models]
     paths = ["runs/seed0", "runs/seed1"]        # checkpoints or HF folders (relative to the working directory)
     # or: recipe = "vit-digits"; seeds = [0, 1, 2]; epochs = 5   (trained into OUT/models, cached)
