@@ -161,12 +161,63 @@ def test_weighting_sqrt_is_an_option_of_lf_align():
         "weight": {"weighting": "sqrt"}}
 
 
-@pytest.mark.parametrize("seeds", [2000, 60000])
-def test_grid_spec_counts_pairs_before_building_them(seeds):
-    spec = {"data": {"spec": "digits"}, "models": {"recipe": "vit-digits", "seeds": list(range(seeds))},
-            "grid": {"pairs": "all", "methods": ["none"]}}
-    with pytest.raises(ValueError, match="grid.pairs: \"all\" of .* pairs, more than"):
+def _sized_spec(seeds=3, pairs="all", methods=("none",), paths=None, simplex=None):
+    models = {"paths": [f"m{i}" for i in range(paths)]} if paths else {"recipe": "vit-digits", "seeds": list(range(seeds))}
+    spec = {"data": {"spec": "digits"}, "models": models, "grid": {"pairs": pairs, "methods": list(methods)}}
+    if simplex is not None:
+        spec["simplex"] = simplex
+    return spec
+
+
+# (case id, spec, the one line's text): each refused before its pairs, units or groups are built
+TOO_BIG = [
+    ("2000-seeds-all-pairs", _sized_spec(2000), 'grid.pairs: "all" of 2000 models makes 1999000 pairs, more than 100000'),
+    ("60000-seeds", _sized_spec(60000), "models.seeds: 60000 seeds, more than 10000 (every model is trained"),
+    ("60000-seeds-consecutive", _sized_spec(60000, "consecutive"), "models.seeds: 60000 seeds, more than 10000"),
+    ("60000-paths", _sized_spec(paths=60000, pairs="consecutive"), "models.paths: 60000 checkpoints, more than 10000"),
+    ("200000-listed-pairs", _sized_spec(1000, [[0, 1]] * 200_000), "grid.pairs: 200000 pairs listed, more than 100000"),
+    ("pairs-times-methods", _sized_spec(9000, "consecutive", ("none", *(f"w{k}" for k in range(12))))
+     | {"methods": {f"w{k}": {"method": "weight"} for k in range(12)}},
+     "grid: 8999 pairs x 13 methods make 116987 units, more than 100000 (each is a sweep and a file in units/"),
+    ("listed-pairs-times-methods", _sized_spec(1000, [[i, i + 1] for i in range(999)] * 60, ("none", "weight")),
+     "grid: 59940 pairs x 2 methods make 119880 units, more than 100000"),
+    ("simplex-group-of-1000", _sized_spec(1000, "consecutive", simplex={"groups": [list(range(1000))]}),
+     "simplex.groups: a group of 1000 models, more than 256"),
+    ("simplex-group-of-a-million", _sized_spec(3, simplex={"groups": [[0, 1, 2] + [0] * 10**6]}),
+     "simplex.groups: a group of 1000003 models, more than 256"),
+    ("200001-simplex-groups", _sized_spec(3, simplex={"groups": [[0, 1]] * 200_001}),
+     "simplex.groups: 200001 groups, more than 100000"),
+    ("simplex-groups-times-methods", _sized_spec(3, simplex={"groups": [[0, 1], [1, 0]] * 30_000,
+                                                             "methods": ["none", "weight"]}),
+     "grid: 3 pairs x 1 methods + 60000 simplex groups x 2 methods make 120003 units, more than 100000"),
+]
+
+
+@pytest.mark.parametrize("case", TOO_BIG, ids=[c[0] for c in TOO_BIG])
+def test_grid_spec_counts_its_size_before_building_it(case):
+    import time
+
+    _, spec, message = case
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError) as info:
         parse_spec(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert time.perf_counter() - t0 < 1.0  # nothing built pair by pair
+
+
+def test_the_largest_grid_spec_is_taken():
+    spec = parse_spec(_sized_spec(10_000, "consecutive", ("none", "weight")))
+    assert len(spec.pairs) == 9999 and len(spec.seeds) == 10_000
+
+
+def test_a_spec_file_larger_than_a_spec_is_refused_before_reading(tmp_path):
+    from lmc_fast.grid.spec import MAX_SPEC_BYTES, load_spec
+
+    path = tmp_path / "grid.toml"
+    with open(path, "wb") as f:
+        f.truncate(MAX_SPEC_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ValueError, match=r"grid.toml: 16777217 bytes, more than a grid spec's 16 MiB"):
+        load_spec(path)
 
 
 # (case id, merge_many keywords, text of the one line)

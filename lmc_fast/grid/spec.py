@@ -47,7 +47,17 @@ _KEYS = {
     "simplex": {"groups", "methods", "samples", "alpha", "seed"},
 }
 MAX_SIMPLEX_SAMPLES = 100_000  # as lmc_fast.sweep.simplex.MAX_SAMPLES
+# Sizes past which a spec is a typo (a range pasted as seeds), refused before anything is built from it:
 MAX_PAIRS = 100_000  # pairs of one grid (each is a unit per method: past this it is a typo)
+#: models of one grid: each is trained (a recipe) or read and fingerprinted before the first unit
+MAX_MODELS = 10_000
+#: units of one grid (pairs x methods + simplex groups x their methods): each is a sweep and a file in units/,
+#: all listed in memory before the first runs
+MAX_UNITS = 100_000
+#: models in one simplex group: every mixture of the sweep mixes all of them, held in memory together
+MAX_GROUP_MODELS = 256
+#: bytes of a spec file: a grid spec is a few lines (100,000 listed pairs take under 2 MB); it is read whole
+MAX_SPEC_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,10 @@ def load_spec(path) -> GridSpec:
 
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if path.is_file() and size > MAX_SPEC_BYTES:
+            raise ValueError(f"{path}: {size} bytes, more than a grid spec's {MAX_SPEC_BYTES >> 20} MiB (a spec is a "
+                             f"few lines; is it the right file?)")
         text = path.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{path}: no such grid spec") from None
@@ -154,18 +168,19 @@ def _pairs(value, n: int) -> tuple[tuple[int, int], ...]:
     if value == "all":
         if n * (n - 1) // 2 > MAX_PAIRS:  # counted, not built: a typo'd seed list must not fill the memory
             raise ValueError(f"grid.pairs: \"all\" of {n} models makes {n * (n - 1) // 2} pairs, more than "
-                             f"{MAX_PAIRS}; list fewer models or the pairs")
+                             f"{MAX_PAIRS} (each is a unit per method); list fewer models or the pairs")
         pairs = list(itertools.combinations(range(n), 2))
     elif value == "consecutive":
         pairs = [(i, i + 1) for i in range(n - 1)]
     elif isinstance(value, list) and value:
         if len(value) > MAX_PAIRS:
-            raise ValueError(f"grid.pairs: {len(value)} pairs listed, more than {MAX_PAIRS}")
+            raise ValueError(f"grid.pairs: {len(value)} pairs listed, more than {MAX_PAIRS} (each is a unit per "
+                             f"method); list fewer")
         pairs = []
         for p in value:
             if (not isinstance(p, list) or len(p) != 2
                     or any(isinstance(i, bool) or not isinstance(i, int) for i in p)):
-                raise ValueError(f"grid.pairs: each pair must be two model indices like [0, 1], got {p!r}")
+                raise ValueError(f"grid.pairs: each pair must be two model indices like [0, 1], got {p!r:.80}")
             for i in p:
                 if not 0 <= i < n:
                     raise ValueError(f"grid.pairs: index {i} out of range for {n} models")
@@ -175,9 +190,9 @@ def _pairs(value, n: int) -> tuple[tuple[int, int], ...]:
         if len(set(pairs)) != len(pairs):
             raise ValueError("grid.pairs: a pair is listed twice")
     else:
-        raise ValueError(f'grid.pairs: must be "all", "consecutive" or a list of [i, j], got {value!r}')
+        raise ValueError(f'grid.pairs: must be "all", "consecutive" or a list of [i, j], got {value!r:.80}')
     if not pairs:
-        raise ValueError(f"grid.pairs: {value!r} makes no pair of {n} model(s)")
+        raise ValueError(f"grid.pairs: {value!r:.80} makes no pair of {n} model(s)")
     return tuple(pairs)
 
 
@@ -243,17 +258,26 @@ def _options(table) -> tuple[dict, dict]:
     return out, bases
 
 
-def _simplex(table: dict, n: int, methods: tuple[str, ...], bases: dict) -> dict:
+def _simplex(table: dict, n: int, methods: tuple[str, ...], bases: dict, pairs=()) -> dict:
     if not table:
         return {}
     groups = table.get("groups")
     if not isinstance(groups, list) or not groups:
         raise ValueError("simplex.groups: must list groups of model indices like [[0, 1, 2]]")
+    if len(groups) > MAX_UNITS:
+        raise ValueError(f"simplex.groups: {len(groups)} groups, more than {MAX_UNITS} (a grid's units)")
+    simplex_methods = _methods(table.get("methods", list(methods)), bases, "simplex.methods")
+    # counted before a group is checked: (pairs, methods) are the grid's
+    _check_unit_count({"pairs": pairs, "methods": methods, "simplex_groups": range(len(groups)),
+                       "simplex_methods": simplex_methods})
     out = []
     for g in groups:
+        if isinstance(g, list) and len(g) > MAX_GROUP_MODELS:
+            raise ValueError(f"simplex.groups: a group of {len(g)} models, more than {MAX_GROUP_MODELS} (every "
+                             f"mixture of its sweep mixes all of them, held in memory together)")
         if (not isinstance(g, list) or len(g) < 2
                 or any(isinstance(i, bool) or not isinstance(i, int) for i in g)):
-            raise ValueError(f"simplex.groups: each group must list two or more model indices, got {g!r}")
+            raise ValueError(f"simplex.groups: each group must list two or more model indices, got {g!r:.80}")
         for i in g:
             if not 0 <= i < n:
                 raise ValueError(f"simplex.groups: index {i} out of range for {n} models")
@@ -262,8 +286,7 @@ def _simplex(table: dict, n: int, methods: tuple[str, ...], bases: dict) -> dict
         out.append(tuple(g))
     if len(set(out)) != len(out):
         raise ValueError("simplex.groups: a group is listed twice")
-    kw = {"simplex_groups": tuple(out),
-          "simplex_methods": _methods(table.get("methods", list(methods)), bases, "simplex.methods")}
+    kw = {"simplex_groups": tuple(out), "simplex_methods": simplex_methods}
     if "samples" in table:
         kw["simplex_samples"] = _int(table["samples"], "simplex.samples", 0)
         if kw["simplex_samples"] > MAX_SIMPLEX_SAMPLES:
@@ -288,12 +311,14 @@ def _models(table: dict) -> dict:
             raise ValueError(f"models.{extra[0]}: only with models.recipe (the paths are trained already)")
         if not isinstance(paths, list) or len(paths) < 2:
             raise ValueError("models.paths: must list at least two checkpoints")
+        _check_model_count(len(paths), "models.paths", "checkpoints")
         return {"models": tuple(_str(p, "models.paths") for p in paths)}
     if recipe not in RECIPE_DATA:
         raise ValueError(f"models.recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPE_DATA)}")
     seeds = table.get("seeds")
     if not isinstance(seeds, list) or len(seeds) < 2:
         raise ValueError("models.seeds: must list at least two seeds with models.recipe")
+    _check_model_count(len(seeds), "models.seeds", "seeds")
     seeds = tuple(_int(s, "models.seeds", 0) for s in seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError("models.seeds: a seed is listed twice")
@@ -308,6 +333,24 @@ def _models(table: dict) -> dict:
     if "steps" in table:
         train["steps"] = _int(table["steps"], "models.steps")
     return {"recipe": recipe, "seeds": seeds, "train": train}
+
+
+def _check_model_count(n: int, key: str, what: str) -> None:
+    if n > MAX_MODELS:
+        raise ValueError(f"{key}: {n} {what}, more than {MAX_MODELS} (every model is trained or read and "
+                         f"fingerprinted before the first unit; a list this long is a typo)")
+
+
+def _check_unit_count(kw: dict) -> None:
+    """pairs x methods + simplex groups x their methods, counted before any unit is listed."""
+    pairs, groups = len(kw["pairs"]) * len(kw["methods"]), len(kw.get("simplex_groups", ())) * len(
+        kw.get("simplex_methods", ()))
+    if pairs + groups > MAX_UNITS:
+        raise ValueError(f"grid: {len(kw['pairs'])} pairs x {len(kw['methods'])} methods"
+                         + (f" + {len(kw['simplex_groups'])} simplex groups x {len(kw['simplex_methods'])} methods"
+                            if groups else "")
+                         + f" make {pairs + groups} units, more than {MAX_UNITS} (each is a sweep and a file in "
+                           f"units/, all listed before the first runs); list fewer pairs, groups or methods")
 
 
 def parse_spec(obj: dict) -> GridSpec:
@@ -332,9 +375,15 @@ def parse_spec(obj: dict) -> GridSpec:
         if key in data:
             kw[key] = _int(data[key], f"data.{key}")
     n = len(kw.get("models") or kw["seeds"])
-    kw["pairs"] = _pairs(grid.get("pairs", "all"), n)
     kw["options"], kw["bases"] = _options(obj.get("methods", {}))
     kw["methods"] = _methods(grid.get("methods", list(METHODS)), kw["bases"])
+    pairs = grid.get("pairs", "all")
+    # counted before a pair is built
+    count = {"all": n * (n - 1) // 2, "consecutive": n - 1}.get(pairs, 0) if isinstance(pairs, str) else \
+        len(pairs) if isinstance(pairs, list) else 0
+    if count <= MAX_PAIRS:
+        _check_unit_count({"pairs": range(count), "methods": kw["methods"]})
+    kw["pairs"] = _pairs(pairs, n)
     if "lambdas" in grid:
         kw["lambdas"] = _lambdas(grid["lambdas"])
     device = grid.get("device", "cpu")
@@ -342,7 +391,7 @@ def parse_spec(obj: dict) -> GridSpec:
         raise ValueError(f"grid.device: must be \"cpu\" or \"cuda\" (under torchrun each rank takes its own GPU), "
                          f"got {device!r}")
     kw["device"] = device
-    kw.update(_simplex(simplex, n, kw["methods"], kw["bases"]))
+    kw.update(_simplex(simplex, n, kw["methods"], kw["bases"], kw["pairs"]))
     return GridSpec(**kw)
 
 
