@@ -157,6 +157,81 @@ def test_profile_that_is_a_file_is_refused_before_any_unit(tmp_path, vits):
     assert trace.read_text() == "{}"
 
 
+def _text_corpus(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    return corpus
+
+
+def _foreign_trace_name(tmp_path, models):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "unit0-none.json").write_text("my notes\n")  # the name the trace of unit 0 takes
+    return tmp_path / "traces"
+
+
+def _link_at_trace_name(tmp_path, models):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "mine.txt").write_text("mine\n")
+    (tmp_path / "traces" / "unit0-none.json").symlink_to(tmp_path / "mine.txt")
+    return tmp_path / "traces"
+
+
+# (case id, the --profile path from (tmp_path, model paths), made as needed; what the one line says): inputs, files of the
+# user's, the grid's own outputs; all refused before the first unit and left as they were
+PROFILES = [
+    ("the-spec-file", lambda t, m: t / "spec.toml", "exists and is not a folder"),
+    ("the-data-file", lambda t, m: t / "corpus.txt", "exists and is not a folder"),
+    ("a-model-folder", lambda t, m: Path(m[0]), "is an input or inside one"),
+    ("inside-a-model-folder", lambda t, m: Path(m[0]) / "traces", "is an input or inside one"),
+    ("a-model-weights-file", lambda t, m: Path(m[0]) / "model.safetensors", "exists and is not a folder"),
+    ("a-file-of-the-users", lambda t, m: (t / "notes.json").write_text("{}") and t / "notes.json",
+     "exists and is not a folder"),
+    ("a-foreign-file-at-a-trace-name", _foreign_trace_name, "unit0-none.json is there and is not a trace a grid wrote"),
+    ("a-link-at-a-trace-name", _link_at_trace_name, "unit0-none.json is there and is not a trace a grid wrote"),
+    ("the-grids-units-folder", lambda t, m: t / "o" / "units", "inside the grid's own outputs"),
+    ("a-report-file", lambda t, m: t / "o" / "summary.md", "inside the grid's own outputs"),
+]
+
+
+@pytest.mark.parametrize("case", PROFILES, ids=[c[0] for c in PROFILES])
+def test_a_profile_path_that_is_an_input_or_not_ours_is_refused_before_any_unit(tmp_path, gpts, case):
+    _, where, message = case
+    corpus = _text_corpus(tmp_path)
+    spec_path = _toml(_spec(gpts, f"text:{corpus}"), tmp_path / "spec.toml")
+    profile = where(tmp_path, gpts)
+    before = {p: p.read_bytes() for p in [*tmp_path.rglob("*"), *Path(gpts[0]).rglob("*")] if p.is_file()}
+    with pytest.raises(ValueError, match=f"--profile .*{message}") as info:
+        grid.run(spec_path, tmp_path / "o", quiet=True, profile=profile)
+    assert "\n" not in str(info.value)
+    _nothing_ran(tmp_path / "o")
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize("case", [PROFILES[0], PROFILES[6]], ids=[PROFILES[0][0], PROFILES[6][0]])
+def test_lmc_fast_grid_refuses_such_a_profile_in_one_line(tmp_path, vits, capsys, case):
+    from lmc_fast.cli import main
+
+    _, where, message = case
+    spec_path = _toml(_spec(vits), tmp_path / "spec.toml")
+    profile = where(tmp_path, vits)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    rc = main(["grid", str(spec_path), "--out", str(tmp_path / "o"), "--profile", str(profile), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in before} == before
+    _nothing_ran(tmp_path / "o")
+
+
+def test_the_grids_own_trace_is_replaced_on_a_rerun(tmp_path, vits):
+    out, traces = tmp_path / "o", tmp_path / "traces"
+    grid.run(_spec(vits), out, quiet=True, profile=traces)
+    (trace,) = traces.iterdir()
+    first = trace.read_bytes()
+    grid.run(_spec(vits), out, quiet=True, resume=False, profile=traces)
+    assert [p.name for p in traces.iterdir()] == [trace.name]  # replaced, no temp left
+    assert trace.read_bytes() != first and b'"traceEvents"' in trace.read_bytes()
+
+
 # ---------------------------------------------------------------- unit records edited by hand
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -334,17 +335,50 @@ def sweep_path(out: Path, unit: Unit) -> Path:
     return out / "sweeps" / unit.key
 
 
+def trace_name(unit: Unit) -> str:
+    return f"unit{unit.index}-{unit.method}.json"
+
+
+_TRACE_NAME = re.compile(r"unit\d+-[A-Za-z0-9_-]+\.json")
+
+
+def _is_trace(path: Path) -> bool:
+    """Whether `path` is a file torch.profiler's Chrome trace export wrote (a JSON object of traceEvents)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"traceEvents"' in head
+
+
+def _check_profile_folder(profile) -> None:
+    """A file at a trace's name in the --profile folder that no profiler wrote (the user's) is never
+    overwritten: refused in one line before any unit."""
+    folder = Path(profile)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if _TRACE_NAME.fullmatch(entry.name) and not _is_trace(entry):
+            raise ValueError(f"--profile {profile}: {entry.name} is there and is not a trace a grid wrote; "
+                             f"not overwriting it (move it, or choose another folder)")
+
+
 def _profiled(fn, folder: Path, unit: Unit):
-    """fn() under torch.profiler; its Chrome trace -> folder/unit<index>-<method>.json."""
+    """fn() under torch.profiler; its Chrome trace -> folder/unit<index>-<method>.json (written atomically)."""
     from torch.profiler import ProfilerActivity, profile
 
     import torch
 
+    from ..atomic import atomic_file
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities, record_shapes=True) as prof:
         result = fn()
-    folder.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(folder / f"unit{unit.index}-{unit.method}.json"))
+    with atomic_file(folder / trace_name(unit)) as tmp:
+        prof.export_chrome_trace(str(tmp))
     return result
 
 
@@ -390,6 +424,7 @@ def check_outputs(spec: GridSpec, out: Path, inputs=(), profile=None) -> None:
         check_writable(Path(profile) / "trace.json", "--profile")
         if any(trace == src.resolve() or src.resolve() in trace.parents for src in ins):
             raise ValueError(f"--profile {profile}: is an input or inside one; choose another folder")
+        _check_profile_folder(profile)
     for name in REPORT_FILES:
         if foreign_report_file(out / name):
             raise ValueError(f"{out / name}: exists and was not written by a grid; not overwriting it "
