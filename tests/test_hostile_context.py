@@ -83,6 +83,8 @@ def test_sweep_takes_the_context_as_the_default_block_size(tmp_path, case):
 # (case id, command line after `lmc-fast` reading text for models {a} {b}; {d} the data, {o} an output folder)
 COMMANDS = [("align-activation", ["align", "{a}", "{b}", "--method", "activation", "--in-memory", "--data", "{d}",
                                   "--max-batches", "2", "--out", "{o}/al.safetensors"]),
+            ("align-activation-streamed", ["align", "{a}", "{b}", "--method", "activation", "--data", "{d}",
+                                           "--max-batches", "2", "--out", "{o}/al.safetensors"]),
             ("merge", ["merge", "{a}", "{b}", "--data", "{d}", "--eval-batches", "1", "--samples", "2", "--out", "{o}/m"]),
             ("plane", ["plane", "{a}", "{b}", "--data", "{d}", "--n", "3", "--max-batches", "1", "--out", "{o}/p.json"])]
 

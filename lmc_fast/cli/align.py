@@ -98,7 +98,9 @@ def run(args, con: Console) -> int:
         a, b = load(args.a, args.device), load(args.b, args.device)
     data_spec = None
     if args.method in DATA_METHODS:
-        data_spec, train_ds, _ = model_data(args, [a, b], [args.a, args.b])
+        # streamed: the checkpoints' meta-device models (class, config, metadata) pick the data, as in sweep --stream
+        models = [_meta_model(p) for p in (a, b)] if streamed else [a, b]
+        data_spec, train_ds, _ = model_data(args, models, [args.a, args.b])
         kw["data"] = batches(train_ds, args.batch_size or 64, True, args.max_batches, args.device)
         if args.method == "activation":
             kw["max_batches"] = args.max_batches
@@ -134,6 +136,14 @@ def _streamable(path) -> bool:
     except (UnsupportedModelError, ValueError):
         return False
     return True
+
+
+def _meta_model(path):
+    from ..stream.checkpoint import StreamedCheckpoint
+
+    ck = StreamedCheckpoint(path)
+    ck.model.lmc_fast_metadata = ck.info.metadata  # the data a checkpoint was trained on picks --data
+    return ck.model
 
 
 def _jsonable(obj):
