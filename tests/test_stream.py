@@ -273,3 +273,20 @@ def test_cli_align_and_sweep_stream_folders(tmp_path, capsys):
     assert runs["stream"]["engine"] == "streamed"
     assert runs["stream"]["loss"] == pytest.approx(runs["memory"]["loss"], rel=1e-5)
     assert runs["stream"]["barrier"] == pytest.approx(runs["memory"]["barrier"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("option", [{"engine": "loop"}, {"checkpoint": "ckpt"}, {"max_memory": 2**30},
+                                    {"max_tokens": 4096}, {"device": "meta"}, {"chunk": 4}])
+def test_streamed_barrier_refuses_in_memory_settings(tmp_path, option):
+    (_, _), (pa, pb) = _saved(tmp_path, "llama")
+    with pytest.raises(ValueError, match=f"{next(iter(option))} is not an option of a sweep of checkpoint paths"):
+        lf.barrier(pa, pb, _eval_data("llama"), **option)
+
+
+def test_streamed_activation_matching_takes_float32_images(tmp_path):
+    """Images come in float32 whatever the checkpoint's precision (the CLI's data): cast like in memory."""
+    (a, b), (pa, pb) = _saved(tmp_path, "vit")
+    data = [(x.float(), y) for x, y in _eval_data("vit")]
+    mem = lf.align(a, b, "activation", data=data)
+    assert _max_diff(mem, lf.align(pa, pb, "activation", data=data)) < 1e-9
+    assert lf.barrier(pa, pb, data, lambdas=3).streamed["tokens"] > 0

@@ -55,6 +55,8 @@ class LayerForward:
         if self.ids is not None:
             p["tok_embed.weight"] = self.tables[i].unsqueeze(0)
             x = torch.searchsorted(self.ids, x)  # the batch's ids as rows of the gathered table
+        elif x.is_floating_point():  # images in the parameters' precision, as the in-memory engines take them
+            x = x.to(next(iter(p.values())).dtype)
         return Fn.embed_sum(self.arch, p, x)
 
     def layer(self, l: int) -> list[dict]:

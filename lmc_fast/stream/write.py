@@ -209,9 +209,10 @@ def _plan_shards(entries: dict, shard_bytes: int) -> dict:
 
 def _remove_stale(out: Path, written: set) -> None:
     """Weight files and an index of an earlier checkpoint in `out` that this one did not rewrite."""
+    from ..atomic import discard
     from ..io import _HF_SHARD
 
     for p in out.iterdir():
         ours = p.name in (WEIGHTS, HF_INDEX) or _HF_SHARD.fullmatch(p.name)
         if ours and p.name not in written and p.is_file():
-            p.unlink()
+            discard(p)  # inside a caller's all_or_nothing block it comes back if the write fails

@@ -71,6 +71,14 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
             raise ValueError("model_a and model_b must be both models or both checkpoint paths")
         from .streamed import barrier_paths
 
+        given = {"engine": engine != "fused", "device": device not in (None, "cpu"), "chunk": chunk != 32,
+                 "max_tokens": max_tokens is not None, "kernel": kernel != "auto", "tf32": tf32 is not None,
+                 "max_memory": max_memory is not None, "checkpoint": checkpoint is not None,
+                 "checkpoint_every": checkpoint_every != 16}
+        taken = [k for k, v in given.items() if v]
+        if taken:  # each is a setting of the in-memory engines: refused rather than ignored
+            raise ValueError(f"{taken[0]} is not an option of a sweep of checkpoint paths (streamed a layer at a "
+                             "time, on the CPU); load the models to use it")
         return barrier_paths(model_a, model_b, data, lambdas, align=align, space=space, max_batches=max_batches,
                              dtype=dtype or __import__("torch").float32, progress=progress, distributed=distributed)
     if align is not None:
