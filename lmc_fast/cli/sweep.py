@@ -24,7 +24,7 @@ def register(subparsers, parents):
     s.add_argument("--split", choices=["test", "train"], default="test", help="data split to evaluate on")
     s.add_argument("--engine", choices=["fused", "loop"], default="fused", help="sweep engine")
     s.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="tokens per fused pass (default: 2048 on CPU, 262144 on CUDA)")
+                   help="tokens per fused pass (default: 8192 on CPU, 262144 on CUDA)")
     s.add_argument("--stream", action="store_true",
                    help="read A and B a layer at a time instead of loading them (checkpoints of any size; CPU; "
                         "every batch carried through together, so keep --max-batches small; not adaptive)")

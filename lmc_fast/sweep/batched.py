@@ -39,8 +39,13 @@ def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
 #: of a batch in one pass ran at 0.52x the loop (256 ViT images, 416k tokens: activations
 #: out of cache) and 0.86x (16 images, 26k tokens); 2k-4k tokens a pass gave 1.2x (16 ViT
 #: images), 1.5x (8 GPT-2 sequences of 128) and 1.07x (128 images), 256 tokens 0.83x.
+#: On a busy machine (load 2-3 on 2 cores, bench/bench_sweep_load.py) 2k-token passes lost to the
+#: loop with two spinning OpenMP threads (0.92x, ViT): each pass enters the parallel regions of
+#: every layer once, and under oversubscription each entry waits. 8k tokens beat or tied the loop in
+#: every condition (ViT 1.33x / 1.12x / 1.02x, GPT-2 1.32x / 1.24x at 1 thread / 2 threads / 2 passive),
+#: 32k lost where one thread does all the work (0.95x, activations out of cache).
 #: GPUs want large passes; the CUDA figure is a guess until a GPU run measures it.
-MAX_TOKENS = {"cpu": 2048, "cuda": 262144}
+MAX_TOKENS = {"cpu": 8192, "cuda": 262144}
 
 
 def pass_plan(K: int, B: int, T: int, chunk: int, max_tokens: int) -> tuple[int, int]:
