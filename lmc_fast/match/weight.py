@@ -20,7 +20,7 @@ import torch
 
 from ..numerics import all_finite
 from ..symmetry import Alignment
-from ..symmetry.elements import apply_spec, identity
+from ..symmetry.elements import Transformed, apply_spec, identity
 from ..symmetry.spec import Spec
 from . import solve
 from .kinds import matcher_of, solve_groups
@@ -82,6 +82,13 @@ def _add(total, term):
     return term if total is None else total + term
 
 
+def _action(source):
+    """How a piece's B is moved by the current elements: all tensors at once (in memory: the batched
+    transforms, fastest), or one tensor at a time on access where the source streams (`lazy`): the same
+    values without a transformed copy of the whole block resident."""
+    return Transformed if getattr(source, "lazy", False) else apply_spec
+
+
 def _zeros_if_none(C, group, dtype):
     """A rank whose pieces hold none of the group's axes adds a zero statistic."""
     return torch.zeros(group.size, group.size, dtype=dtype) if C is None else C
@@ -123,16 +130,17 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
     sum(M * C) (or sum_i C[i, perm[i]]), plus the parameters it does not touch."""
     res = spec.residual
     C, value, before = None, 0.0, 0.0
+    act = _action(source)
     for piece in source.pieces():
-        pb_r = apply_spec(spec, piece.b, elements, skip=set(local))
+        pb_r = act(spec, piece.b, elements, skip=set(local))
         if first:
             before += solve.objective(piece.a, pb_r, piece.a)  # the local groups are still the identity
         solve_layer_groups(spec, piece.a, pb_r, elements, _local_in(spec, local, piece.a), warm=warm)
         del pb_r  # a streamed piece's copies go one at a time
         if res is None:
-            value += solve.objective(piece.a, apply_spec(spec, piece.b, elements), piece.a)
+            value += solve.objective(piece.a, act(spec, piece.b, elements), piece.a)
             continue
-        pb_other = apply_spec(spec, piece.b, elements, skip={res})
+        pb_other = act(spec, piece.b, elements, skip={res})
         part = _within(spec.groups[res], piece.a)
         if part is not None:
             C = _add(C, matcher_of(part).correlation(part, piece.a, pb_other))
@@ -161,8 +169,9 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
     heads = [n for n in local if matcher_of(spec.groups[n]).has_maps(spec.groups[n])]  # the per-head maps
     moving = {ax.param for n in heads for ax in spec.groups[n].axes}
     C_fixed, value_fixed = None, 0.0
+    act = _action(source)
     for piece in source.pieces(names=lambda p: p not in moving):
-        pb_fixed = apply_spec(spec, piece.b, elements, skip={spec.residual})
+        pb_fixed = act(spec, piece.b, elements, skip={spec.residual})
         part = _within(res, piece.a)
         if part is not None:
             C_fixed = _add(C_fixed, solve.correlation(part, piece.a, pb_fixed))
@@ -176,9 +185,9 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
         for piece in source.pieces(names=moving.__contains__):
             in_piece = _local_in(spec, heads, piece.a)
             if in_piece:
-                solve_layer_groups(spec, piece.a, apply_spec(spec, piece.b, elements, skip=set(local)), elements,
+                solve_layer_groups(spec, piece.a, act(spec, piece.b, elements, skip=set(local)), elements,
                                    in_piece, freeze_perms=True)
-            pb_other = apply_spec(spec, piece.b, elements, skip={spec.residual})
+            pb_other = act(spec, piece.b, elements, skip={spec.residual})
             part = _within(res, piece.a)
             if part is not None:
                 C = _add(C, solve.correlation(part, piece.a, pb_other))

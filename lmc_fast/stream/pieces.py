@@ -98,7 +98,9 @@ class Blocks:
 
 class StreamedPair:
     """Pieces of (A, B) for weight matching, A weighted as `weighting` and the token prior say (and as the
-    anchor start's weighting says, when asked)."""
+    anchor start's weighting says, when asked). `lazy`: weight matching moves B's tensors one at a time."""
+
+    lazy = True
 
     def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
                  weighting: str = "sum", anchor_weighting: str | None = None, prior=None,

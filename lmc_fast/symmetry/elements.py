@@ -4,6 +4,8 @@ formats are described there).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .groups import MAX_CONDITION, ORTHOGONAL_TOLERANCE, Element, InvalidAlignmentError, fail, kind_of
@@ -79,6 +81,34 @@ def apply_spec(spec: Spec, params: dict[str, torch.Tensor], elements: dict[str, 
     return out
 
 
+class Transformed(Mapping):
+    """`apply_spec(spec, params, elements, skip)` read one tensor at a time: each access transforms that
+    tensor (in the same order, so the same values) and keeps nothing, so a streamed layer never holds a
+    transformed copy of every tensor at once."""
+
+    def __init__(self, spec: Spec, params: dict, elements: dict, skip: set[str] = frozenset()):
+        self.params, self.elements = params, elements
+        self.axes = {}
+        for name, group in spec.groups.items():
+            if name in skip or name not in elements:
+                continue
+            for ax in group.axes:
+                if ax.param in params:
+                    self.axes.setdefault(ax.param, []).append((group, ax))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.params[name]
+        for group, ax in self.axes.get(name, ()):
+            t = apply_axis(t, group, ax, self.elements[group.name])
+        return t
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
 def compose(group: Group, first: Element, second: Element) -> Element:
     """The element acting as `first` after `second`: (first . second) . theta = first . (second . theta)."""
     return kind_of(group).compose(group, first, second)
@@ -88,7 +118,8 @@ def inverse(group: Group, el: Element) -> Element:
     return kind_of(group).inverse(group, el)
 
 
-__all__ = ["Element", "InvalidAlignmentError", "MAX_CONDITION", "ORTHOGONAL_TOLERANCE", "apply_axis", "apply_spec",
+__all__ = ["Element", "InvalidAlignmentError", "MAX_CONDITION", "ORTHOGONAL_TOLERANCE", "Transformed", "apply_axis",
+           "apply_spec",
            "centred_orthogonal", "compose", "expected_shapes", "householder_basis", "identity", "inverse",
            "nearest_orthogonal", "nearest_rotary", "random_element", "random_invertible", "random_orthogonal",
            "random_rotary", "rotary_map", "rotary_parts", "snap", "validate"]
