@@ -327,8 +327,11 @@ def test_sweep_refuses_what_memory_cannot_hold(sweep, monkeypatch):
     models = [tiny("gpt2", s) for s in range(2)]
     arch, params = standard_params(models[0])
     # too many mixtures are split into blocks that fit: the refusal comes when even one does not
-    need = checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, 2048)
-    message = (rf"sweep needs about {checks.format_gb(need)} \(K=1 mixtures of 2 models, max_tokens=2048, float32\) "
+    from lmc_fast.sweep.batched import MAX_TOKENS
+
+    budget = MAX_TOKENS["cpu"]  # the default pass
+    need = checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, budget)
+    message = (rf"sweep needs about {checks.format_gb(need)} \(K=1 mixtures of 2 models, max_tokens={budget}, float32\) "
                rf"but only 0.001 GB is available; use a smaller --max-tokens \(even one mixture does not fit\)")
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=message):
