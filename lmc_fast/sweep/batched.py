@@ -42,8 +42,8 @@ def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
 #: On a busy machine (load 2-3 on 2 cores, bench/bench_sweep_load.py) 2k-token passes lost to the
 #: loop with two spinning OpenMP threads (0.92x, ViT): each pass enters the parallel regions of
 #: every layer once, and under oversubscription each entry waits. 8k tokens beat or tied the loop in
-#: every condition (ViT 1.33x / 1.12x / 1.02x, GPT-2 1.32x / 1.24x at 1 thread / 2 threads / 2 passive),
-#: 32k lost where one thread does all the work (0.95x, activations out of cache).
+#: every condition (ViT 1.09x / 1.12x / 1.28x, GPT-2 1.21x / 1.41x / 1.08x at 1 thread / 2 threads /
+#: 2 passive threads), 32k lost with passive threads (0.89x ViT, 0.95x GPT-2: activations out of cache).
 #: GPUs want large passes; the CUDA figure is a guess until a GPU run measures it.
 MAX_TOKENS = {"cpu": 8192, "cuda": 262144}
 
