@@ -9,15 +9,7 @@ from lmc_fast.models.adapters import adapter_for, standard_params
 from lmc_fast.sweep.interpolate import interpolate
 from lmc_fast.sweep.metrics import evaluate
 from lmc_fast.sweep.plane import plane_basis, plane_weights
-from zoo import make_inputs, make_model, make_targets
-
-
-def _data(kind, n=2):
-    out = []
-    for s in range(n):
-        x = make_inputs(kind, seed=s)
-        out.append((x, make_targets(kind, x, seed=s)))
-    return out
+from zoo import make_batches, make_model
 
 
 def _with_key_bias_shift(model, seed):
@@ -36,7 +28,7 @@ def test_a_plane_of_invisible_directions_is_flat_everywhere():
     point of the plane through them (inside the triangle and beyond it) has the models' loss."""
     a = make_model("gpt2", seed=1)
     b, c = _with_key_bias_shift(a, 2), _with_key_bias_shift(a, 3)
-    data = _data("gpt2")
+    data = make_batches("gpt2")
     res = lf.plane([a, b, c], data, n=7, margin=0.5, space="raw")
     own = res["models"][0]["loss"]
     assert max(abs(v - own) for row in res["loss"] for v in row) < 1e-10
@@ -47,7 +39,7 @@ def test_grid_points_are_the_mixtures_they_name():
     """Each grid point equals the 3-model mixture its weights say (evaluated one at a time), the
     models sit at their coordinates, and the basis is orthonormal: |x e1 + y e2| = sqrt(x^2 + y^2)."""
     models = [make_model("vit", seed=s) for s in (1, 2, 3)]
-    data = _data("vit")
+    data = make_batches("vit")
     res = lf.plane(models, data, n=4, margin=0.25)
     basis = res["basis"]
     W = plane_weights(basis, res["x"], res["y"])
@@ -70,7 +62,7 @@ def test_grid_points_are_the_mixtures_they_name():
 
 def test_the_loop_and_fused_engines_agree():
     models = [make_model("llama", seed=s) for s in (1, 2, 3)]
-    data = _data("llama")
+    data = make_batches("llama")
     fused = lf.plane(models, data, n=3)
     loop = lf.plane(models, data, n=3, engine="loop")
     for rf, rl in zip(fused["loss"], loop["loss"]):
@@ -85,20 +77,20 @@ def test_the_loop_and_fused_engines_agree():
 def test_bad_arguments_are_refused_in_one_line(bad, message):
     models = [make_model("vit", seed=s) for s in (1, 2, 3)]
     with pytest.raises(ValueError, match=message) as info:
-        lf.plane(models, _data("vit"), **bad)
+        lf.plane(models, make_batches("vit"), **bad)
     assert "\n" not in str(info.value)
 
 
 def test_degenerate_planes_are_refused():
     a, b = make_model("vit", seed=1), make_model("vit", seed=2)
     with pytest.raises(ValueError, match="exactly three models"):
-        lf.plane([a, b], _data("vit"))
+        lf.plane([a, b], make_batches("vit"))
     with pytest.raises(ValueError, match="the same point"):
-        lf.plane([a, a, b], _data("vit"))
+        lf.plane([a, a, b], make_batches("vit"))
     pa, pb = standard_params(a)[1], standard_params(b)[1]
     mid = adapter_for(a).build(a, {k: 0.3 * pa[k] + 0.7 * pb[k] for k in pa})
     with pytest.raises(ValueError, match="lies on the line"):
-        lf.plane([a, b, mid], _data("vit"), space="raw")
+        lf.plane([a, b, mid], make_batches("vit"), space="raw")
     assert plane_basis([standard_params(m)[1] for m in (a, b, make_model("vit", seed=3))])["norm_v"] > 0
 
 
@@ -114,7 +106,7 @@ def test_the_aligned_path_of_a_planted_pair_is_flat():
     b = Alignment.random(permutation_spec(arch), seed=4).apply(_with_key_bias_shift(a, 2))
     c = make_model("gpt2", seed=5)
     al = lf.align(a, b, "permutation")
-    data = _data("gpt2")
+    data = make_batches("gpt2")
     aligned = lf.plane([a, al.apply(b), c], data, n=9, margin=0.0, space="raw")
     raw = lf.plane([a, b, c], data, n=9, margin=0.0, space="raw")
     own = aligned["models"][0]["loss"]

@@ -13,7 +13,7 @@ from lmc_fast.stream import pieces as stream_pieces
 from lmc_fast.stream.checkpoint import StreamedCheckpoint
 from lmc_fast.stream.paths import apply_to_path, merge_paths
 from lmc_fast.symmetry import Alignment, canonical_spec, prepare_params
-from zoo import HF_FP32_INSIDE, KINDS, logits, make_inputs, make_model, rel_err
+from zoo import HF_FP32_INSIDE, KINDS, logits, make_batches, make_inputs, make_model, rel_err
 
 #: the zoo's classes whose standard parameters are stored tensors (the ones the streamed reader takes)
 STREAMABLE = KINDS  # every class of the zoo
@@ -203,20 +203,10 @@ def test_alignment_for_another_model_is_refused(tmp_path):
     apply_to_path(al, pa, tmp_path / "forced", force=True)
 
 
-def _eval_data(kind, batches=2):
-    from zoo import make_targets
-
-    out = []
-    for s in range(batches):
-        x = make_inputs(kind, seed=s)
-        out.append((x, make_targets(kind, x, seed=s)))
-    return out
-
-
 @pytest.mark.parametrize("kind", STREAMABLE)
 def test_streamed_barrier_equals_the_fused_engine(tmp_path, tiny_row_blocks, kind):
     (a, b), (pa, pb) = _saved(tmp_path, kind)
-    data = _eval_data(kind)
+    data = make_batches(kind)
     al = lf.align(pa, pb, "weight")
     for kwargs, models in (({"align": al}, (a, al.apply(b))), ({"space": "raw"}, (a, b))):
         mem = lf.barrier(*models, data, lambdas=5, dtype=torch.float64, space=kwargs.get("space", "canonical"))
@@ -229,7 +219,7 @@ def test_streamed_barrier_equals_the_fused_engine(tmp_path, tiny_row_blocks, kin
 
 def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
     (a, _), (pa, pb) = _saved(tmp_path, "llama")
-    data = _eval_data("llama")
+    data = make_batches("llama")
     with pytest.raises(ValueError, match="adaptive"):
         lf.barrier(pa, pb, data, lambdas="adaptive")
     with pytest.raises(ValueError, match="both models or both checkpoint paths"):
@@ -243,7 +233,7 @@ def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
 @pytest.mark.parametrize("residual_only", [False, True])
 def test_streamed_activation_matching_equals_in_memory(tmp_path, tiny_row_blocks, kind, residual_only):
     (a, b), (pa, pb) = _saved(tmp_path, kind)
-    data = _eval_data(kind)
+    data = make_batches(kind)
     mem = lf.align(a, b, "activation", data=data, residual_only=residual_only)
     streamed = lf.align(pa, pb, "activation", data=data, residual_only=residual_only)
     assert streamed.info["streamed"] and streamed.info["tokens"] == mem.info["tokens"]
@@ -280,13 +270,13 @@ def test_cli_align_and_sweep_stream_folders(tmp_path, capsys):
 def test_streamed_barrier_refuses_in_memory_settings(tmp_path, option):
     (_, _), (pa, pb) = _saved(tmp_path, "llama")
     with pytest.raises(ValueError, match=f"{next(iter(option))} is not an option of a sweep of checkpoint paths"):
-        lf.barrier(pa, pb, _eval_data("llama"), **option)
+        lf.barrier(pa, pb, make_batches("llama"), **option)
 
 
 def test_streamed_activation_matching_takes_float32_images(tmp_path):
     """Images come in float32 whatever the checkpoint's precision (the CLI's data): cast like in memory."""
     (a, b), (pa, pb) = _saved(tmp_path, "vit")
-    data = [(x.float(), y) for x, y in _eval_data("vit")]
+    data = [(x.float(), y) for x, y in make_batches("vit")]
     mem = lf.align(a, b, "activation", data=data)
     assert _max_diff(mem, lf.align(pa, pb, "activation", data=data)) < 1e-9
     assert lf.barrier(pa, pb, data, lambdas=3).streamed["tokens"] > 0

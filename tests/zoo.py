@@ -139,6 +139,15 @@ def make_targets(kind: str, x: torch.Tensor, seed: int = 0, classes: int = 5) ->
     return torch.randint(0, classes, (x.shape[0],), generator=torch.Generator().manual_seed(seed))
 
 
+def make_batches(kind: str, n: int = 2) -> list:
+    """n (inputs, targets) batches of make_inputs / make_targets, seeds 0..n-1."""
+    out = []
+    for s in range(n):
+        x = make_inputs(kind, seed=s)
+        out.append((x, make_targets(kind, x, seed=s)))
+    return out
+
+
 def logits(model, x):
     from lmc_fast.models.adapters import adapter_for
 

@@ -89,6 +89,14 @@ def _action(source):
     return Transformed if getattr(source, "lazy", False) else apply_spec
 
 
+def _residual_terms(res, pa: dict, pb_moved, residual_params: set) -> tuple:
+    """One piece's share of the residual's correlation (None where it holds none of its axes) and of the
+    objective over the parameters the residual does not touch, B moved by every other group."""
+    part = _within(res, pa)
+    C = solve.correlation(part, pa, pb_moved) if part is not None else None
+    return C, solve.objective(pa, pb_moved, [p for p in pa if p not in residual_params])
+
+
 def _zeros_if_none(C, group, dtype):
     """A rank whose pieces hold none of the group's axes adds a zero statistic."""
     return torch.zeros(group.size, group.size, dtype=dtype) if C is None else C
@@ -140,12 +148,10 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
         if res is None:
             value += solve.objective(piece.a, act(spec, piece.b, elements), piece.a)
             continue
-        pb_other = act(spec, piece.b, elements, skip={res})
-        part = _within(spec.groups[res], piece.a)
-        if part is not None:
-            C = _add(C, matcher_of(part).correlation(part, piece.a, pb_other))
-        value += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
-        piece = pb_other = None  # dropped before the next piece is read, not after
+        term, rest = _residual_terms(spec.groups[res], piece.a, act(spec, piece.b, elements, skip={res}),
+                                     residual_params)
+        C, value = _add(C, term) if term is not None else C, value + rest
+        piece = term = None  # dropped before the next piece is read, not after
     value, before = source.reduce(value), source.reduce(before)
     if res is not None:
         group = spec.groups[res]
@@ -171,12 +177,10 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
     C_fixed, value_fixed = None, 0.0
     act = _action(source)
     for piece in source.pieces(names=lambda p: p not in moving):
-        pb_fixed = act(spec, piece.b, elements, skip={spec.residual})
-        part = _within(res, piece.a)
-        if part is not None:
-            C_fixed = _add(C_fixed, solve.correlation(part, piece.a, pb_fixed))
-        value_fixed += solve.objective(piece.a, pb_fixed, [p for p in piece.a if p not in residual_params])
-        piece = pb_fixed = None
+        term, rest = _residual_terms(res, piece.a, act(spec, piece.b, elements, skip={spec.residual}),
+                                     residual_params)
+        C_fixed, value_fixed = _add(C_fixed, term) if term is not None else C_fixed, value_fixed + rest
+        piece = term = None
     C_fixed, value_fixed = source.reduce(_zeros_if_none(C_fixed, res, source.dtype)), source.reduce(value_fixed)
     polished, value = 0, float("nan")
     for polished in range(1, polish_iter + 1):
@@ -187,13 +191,11 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
             if in_piece:
                 solve_layer_groups(spec, piece.a, act(spec, piece.b, elements, skip=set(local)), elements,
                                    in_piece, freeze_perms=True)
-            pb_other = act(spec, piece.b, elements, skip={spec.residual})
-            part = _within(res, piece.a)
-            if part is not None:
-                C = _add(C, solve.correlation(part, piece.a, pb_other))
-            # e.g. query biases: head maps, no residual axis
-            value_moving += solve.objective(piece.a, pb_other, [p for p in piece.a if p not in residual_params])
-            piece = pb_other = None
+            # the rest: e.g. query biases, moved by head maps, no residual axis
+            term, rest = _residual_terms(res, piece.a, act(spec, piece.b, elements, skip={spec.residual}),
+                                         residual_params)
+            C, value_moving = _add(C, term) if term is not None else C, value_moving + rest
+            piece = term = None
         C = C_fixed + source.reduce(_zeros_if_none(C, res, source.dtype))
         elements[spec.residual] = m.solve([res], [C])[0]
         value = m.value(res, C, elements[spec.residual]) + value_fixed + source.reduce(value_moving)
