@@ -67,7 +67,7 @@ def streamed_by_permutations(path_a, path_b, data=None, *, heads: bool | None = 
 
 def _layer_of(name: str):
     head, _, tail = name.partition(".")
-    return int(tail) if head in ("mlp", "heads") and tail.isdigit() else None
+    return int(tail) if head in ("mlp", "heads", "inner", "state") and tail.isdigit() else None  # Mamba: inner, state
 
 
 @torch.no_grad()

@@ -75,6 +75,9 @@ class LerpOps:
         return Fn.norm(self.arch, x, _lerp_vec(pa[name + ".weight"], pb[name + ".weight"], lam),
                        _lerp_vec(pa.get(bias), pb.get(bias), lam))
 
+    def tensor(self, name):
+        return _lerp_vec(self.pa[name], self.pb[name], self.lam)
+
 
 def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """Logits of the K models (1 - lam_k) theta_A + lam_k theta_B without materialising them:

@@ -69,6 +69,9 @@ class MixedOps:
         K = self.w.shape[0]
         return Fn.norm(self.arch, x, self.mixed(W, 0, K), self.mixed(b, 0, K) if b in self.p[0] else None)
 
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.mixed(name, 0, self.w.shape[0])
+
 
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
                   max_batches: int | None = None, progress: bool = False, distributed: bool | None = None):

@@ -241,7 +241,7 @@ def _parse_header(meta: dict) -> dict:
 
 def _layer_of(group_name: str) -> int | None:
     head, _, tail = group_name.partition(".")
-    return int(tail) if head in ("mlp", "heads") and tail.isdigit() else None
+    return int(tail) if head in ("mlp", "heads", "inner", "state") and tail.isdigit() else None  # Mamba: inner, state
 
 
 def _check_layer_count(arch: Arch, header: dict, tensors: dict) -> None:
