@@ -30,7 +30,7 @@ _EXPORTS = {
 }
 #: subpackages reachable as attributes (`lmc_fast.data.loader(...)`) without importing them first
 _SUBMODULES = ("atomic", "callbacks", "cli", "data", "demo", "errors", "grid", "instability", "io", "kernels",
-               "match", "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train")
+               "match", "models", "monitor", "numerics", "plots", "recipes", "sweep", "symmetry", "train", "diffusion")
 
 __all__ = ["Alignment", "BarrierResult", "LearnedAlignment", "UnsupportedModelError", "align", "barrier", "evaluate",
            "interpolate", "kernels", "merge_many", "models", "plane", "simplex", "to_canonical"]

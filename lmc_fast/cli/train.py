@@ -14,6 +14,8 @@ from .outputs import Outputs, now
 #: the reference models `train` builds: the keys of lmc_fast.models.adapters.REFERENCE (not imported
 #: here: that loads torch; tests/test_methods_registry.py keeps the two equal)
 MODEL_TYPES = ("vit", "gpt2", "llama", "neox", "bert")
+#: the other REFERENCE models, and what trains them instead (not this command: its loop scores classes or tokens)
+TRAINED_ELSEWHERE = {"dit": "lmc_fast.diffusion.train_dit (noise prediction)"}
 #: the language models among them (they train on text), and those that learn masked tokens
 TEXT_MODELS = ("gpt2", "llama", "neox", "bert")
 MASKED_MODELS = ("bert",)

@@ -86,11 +86,11 @@ def activation_matching(spec: Spec, pa: dict, pb: dict, data, *, max_batches: in
     solve_groups(spec, names, stats.sums, elements)
     if residual_only:
         from ..symmetry.elements import apply_spec, identity
-        from .weight import solve_layer_groups
+        from .weight import solve_local_rounds
 
         local = [n for n in spec.groups if n not in names]
         elements.update({n: identity(spec.groups[n], next(iter(pa.values())).dtype) for n in local})
-        solve_layer_groups(spec, pa, apply_spec(spec, pb, elements, skip=set(local)), elements, local)
+        solve_local_rounds(spec, pa, pb, elements, local)
     info = {"method": "activation", "tokens": stats.tokens, "seconds": time.perf_counter() - t0}
     if residual_only:
         info["residual_only"] = True

@@ -19,7 +19,7 @@ from ..models import functional as Fn
 from ..sweep.batches import reiterable
 from ..sweep.checks import check_batch, spec_from_params
 from ..sweep.evaluate import EvalOptions, evaluate_mixtures
-from ..sweep.metrics import has_kept_targets, task_loss
+from ..sweep.metrics import has_kept_targets, task_loss, task_of
 from ..numerics import dirichlet_weights
 from ..sweep.simplex import check_alpha
 from ..symmetry import Alignment
@@ -159,6 +159,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     N = module.n_models
     if N > 2:
         alpha = check_alpha(alpha)
+    if task_of(arch) == "denoise" and (target != "labels" or augment is not None):
+        raise ValueError("a DiT's learned matching learns on its own task, the noise (target 'labels', no "
+                         "augmentation): the end-model target scores class probabilities, Mixup blends the timestep planes")
     inputs = spec_from_params(arch, params_list[0])
     for x, y in list(train) + list(val):  # every batch once, before any work: one line for a bad one
         check_batch(inputs, x, y)
@@ -227,9 +230,10 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
         logits = module.mixture_logits(x, w)
         # a batch whose every label is the ignore index (-100) teaches nothing: no Adam step
         # (a zero gradient would still move the latents through Adam's momentum)
-        learns = target != "labels" or has_kept_targets(logits[0], y)
+        task = task_of(arch)  # (BERT's masked tokens are not shifted; DiT's noise is scored by squared error)
+        learns = target != "labels" or task == "denoise" or has_kept_targets(logits[0], y, task)
         if target == "labels":
-            loss = sum(task_loss(logits[i], y) for i in range(logits.shape[0])) / logits.shape[0]
+            loss = sum(task_loss(logits[i], y, task=task) for i in range(logits.shape[0])) / logits.shape[0]
         else:
             # Softened by a temperature (T^2 keeps the gradient scale, as in distillation):
             # the end models fit the training images almost perfectly, so at T = 1 their
@@ -315,6 +319,12 @@ def preset_settings(preset: str, **given) -> dict:
     return {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
 
 
+def _denoises(model) -> bool:
+    from ..models.adapters import adapter_for
+
+    return task_of(adapter_for(model).arch(model)) == "denoise"
+
+
 def _token_inputs(batches) -> bool:
     """Whether the batches hold token ids (a language model's inputs), not images."""
     x = batches[0][0] if batches else None
@@ -378,6 +388,8 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
         learned_checkpoint.check_path(checkpoint)
     data = list(reiterable(data))
     training_loss = None
+    if preset == "default" and _denoises(model_a):  # "distill" scores class probabilities: DiT learns on its noise
+        preset = "paper"
     if preset == "default":
         training_loss = end_models_training_loss(model_a, model_b, data)
         preset = default_preset(training_loss)

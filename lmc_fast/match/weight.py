@@ -36,6 +36,31 @@ def solve_layer_groups(spec: Spec, pa: dict, pb_r: dict, elements: dict, names: 
     solve_groups(spec, names, stats, elements, warm=warm, frozen=freeze_perms)
 
 
+def disjoint_rounds(spec: Spec, names: list[str]) -> list[list[str]]:
+    """`names` split into rounds of groups that touch no parameter in common (greedily, in order). The
+    layer groups of a Transformer are all disjoint: one round. DiT's conditioning channels and its timestep
+    MLP's hidden units share t_embed.fc2: two rounds, the second solved given the first's new element."""
+    rounds: list[tuple[list[str], set]] = []
+    for n in names:
+        params = {ax.param for ax in spec.groups[n].axes}
+        for members, used in rounds:
+            if not params & used:
+                members.append(n)
+                used |= params
+                break
+        else:
+            rounds.append(([n], set(params)))
+    return [members for members, _ in rounds]
+
+
+def solve_local_rounds(spec: Spec, pa: dict, pb: dict, elements: dict, names: list[str], act=apply_spec,
+                       warm: dict | None = None, freeze_perms: bool = False) -> None:
+    """Each round of `disjoint_rounds` solved exactly given B moved by every other group's current element."""
+    for members in disjoint_rounds(spec, names):
+        solve_layer_groups(spec, pa, act(spec, pb, elements, skip=set(members)), elements, members, warm=warm,
+                           freeze_perms=freeze_perms)
+
+
 class Piece(NamedTuple):
     """Part of a pair of models that the steps below can take on its own: A's parameters weighted as the
     objective weighs them (`a`), B's (`b`), and A weighted for the anchor start (`anchor`, when asked).
@@ -140,11 +165,9 @@ def _sweep(spec: Spec, source, elements: dict, local: list[str], residual_params
     C, value, before = None, 0.0, 0.0
     act = _action(source)
     for piece in source.pieces():
-        pb_r = act(spec, piece.b, elements, skip=set(local))
-        if first:
-            before += solve.objective(piece.a, pb_r, piece.a)  # the local groups are still the identity
-        solve_layer_groups(spec, piece.a, pb_r, elements, _local_in(spec, local, piece.a), warm=warm)
-        del pb_r  # a streamed piece's copies go one at a time
+        if first:  # the local groups are still the identity
+            before += solve.objective(piece.a, act(spec, piece.b, elements, skip=set(local)), piece.a)
+        solve_local_rounds(spec, piece.a, piece.b, elements, _local_in(spec, local, piece.a), act, warm)
         if res is None:
             value += solve.objective(piece.a, act(spec, piece.b, elements), piece.a)
             continue
@@ -189,8 +212,7 @@ def _polish(spec: Spec, source, elements: dict, local: list[str], residual_param
         for piece in source.pieces(names=moving.__contains__):
             in_piece = _local_in(spec, heads, piece.a)
             if in_piece:
-                solve_layer_groups(spec, piece.a, act(spec, piece.b, elements, skip=set(local)), elements,
-                                   in_piece, freeze_perms=True)
+                solve_local_rounds(spec, piece.a, piece.b, elements, in_piece, act, freeze_perms=True)
             # the rest: e.g. query biases, moved by head maps, no residual axis
             term, rest = _residual_terms(res, piece.a, act(spec, piece.b, elements, skip={spec.residual}),
                                          residual_params)

@@ -1,5 +1,6 @@
 """Reference models and the adapters that map any supported model to standard parameters."""
 from .bert import Bert, BertConfig
+from .dit import DiT, DiTConfig
 from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig
 from .neox import NeoX, NeoXConfig
@@ -14,4 +15,4 @@ def pad_mlp(model, d_mlp: int):
     return _pad_mlp(model, d_mlp)
 
 
-__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "NeoX", "NeoXConfig", "Bert", "BertConfig", "pad_mlp"]
+__all__ = ["ViT", "ViTConfig", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "NeoX", "NeoXConfig", "Bert", "BertConfig", "DiT", "DiTConfig", "pad_mlp"]

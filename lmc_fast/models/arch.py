@@ -18,13 +18,23 @@ Standard parameter names (nn.Linear's (out, in) layout):
         sequence classifiers, or by `nsp`, the next-sentence head of BERT's pretraining models),
     head_dense and ln_head (head_transform: BERT's masked-LM transform ln_head(act(head_dense h))),
     then `head` (classifier, pooled "cls") or `lm_head` (per token, pooling "none")
+    mixer "mamba" (models/mamba.py; blocks.L.ln1 the block's RMSNorm, no attention or MLP): blocks.L.mamba.
+        in_x / in_z (.weight (d_inner, d), .bias with proj_bias: Hugging Face's in_proj cut in its x and gate
+        rows), conv (.weight (d_inner, d_conv): the depthwise causal conv, .bias with conv_bias), x_dt / x_B /
+        x_C (.weight (dt_rank | d_state | d_state, d_inner): x_proj cut in its rows), dt (.weight
+        (d_inner, dt_rank), .bias), A_log (d_inner, d_state), D (d_inner), out (.weight (d, d_inner), .bias
+        with proj_bias); d_mlp is d_inner
+    conditioning "adaln" (DiT, models/functional_dit.py): patch_embed and pos_embed (no cls_token), t_embed.fc1 /
+        fc2 (the timestep MLP), y_embed.weight (class rows, the last one the null class), per block
+        blocks.L.mod.{shift1, scale1, gate1, shift2, scale2, gate2} (.weight, .bias: each a linear map of silu(c)),
+        attn and mlp as above with no norm parameters, final.shift / final.scale, then `out` (patch pixels)
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
 
-FAMILIES = ("vit", "gpt2", "llama", "neox", "bert")
+FAMILIES = ("vit", "gpt2", "llama", "neox", "bert", "dit", "mamba")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
 INPUTS = ("patches", "tokens")
@@ -35,6 +45,12 @@ MLPS = ("plain", "gated")
 #: "parallel" (GPT-NeoX, GPT-J) h += attn(ln1 h) + mlp(ln2 h), both norms reading the same h
 #: "post" (BERT) h = ln1(h + attn h); h = ln2(h + mlp h): the norms sit on the stream itself
 RESIDUALS = ("sequential", "parallel", "post")
+#: how a conditioning vector c enters the blocks: "adaln" (DiT's adaLN-Zero): per-channel shift, scale and gate
+#: of each branch made from silu(c); None: unconditioned
+CONDITIONINGS = ("adaln",)
+#: what mixes the tokens in a block: "attention" (attention and an MLP) | "mamba" (Mamba's selective scan alone:
+#: h += mamba(ln1 h))
+MIXERS = ("attention", "mamba")
 # Bound on any size in an Arch read from a file: larger values only come from corrupt headers.
 MAX_SIZE = 1 << 20
 
@@ -50,6 +66,10 @@ _FAMILY_DEFAULTS = {
                  o_bias=True, mlp_bias=True, head_bias=False, residual="parallel"),
     "bert": dict(inputs="tokens", positions="learned", causal=False, pooling="none", mlp="plain", qkv_bias=True,
                  o_bias=True, mlp_bias=True, head_bias=True, residual="post", embed_norm=True, head_transform=True),
+    "dit": dict(inputs="patches", positions="learned", causal=False, pooling="none", mlp="plain", qkv_bias=True,
+                o_bias=True, mlp_bias=True, head_bias=True, conditioning="adaln"),
+    "mamba": dict(inputs="tokens", causal=True, pooling="none", mlp="plain", qkv_bias=False, o_bias=False,
+                  mlp_bias=False, head_bias=False, mixer="mamba"),
 }
 
 
@@ -92,6 +112,17 @@ class Arch:
     # inputs must not hold (RoBERTa's padding id, whose positions its model computes apart)
     position_offset: int = 0
     reserved_token: int | None = None
+    # DiT: the conditioning (CONDITIONINGS) and the width of the timestep's sinusoidal features (0: none)
+    conditioning: str | None = None
+    freq_dim: int = 0
+    # Mamba (MIXERS): the state size, the rank of dt's projection, the conv's width, whether the conv and
+    # in / out projections have biases (d_inner is d_mlp)
+    mixer: str | None = None
+    d_state: int = 0
+    dt_rank: int = 0
+    d_conv: int = 0
+    conv_bias: bool = False
+    proj_bias: bool = False
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -104,6 +135,8 @@ class Arch:
             object.__setattr__(self, "head_dim", self.d_model // self.n_head if self.n_head else 0)
         if self.residual is None:
             object.__setattr__(self, "residual", "sequential")
+        if self.mixer is None:
+            object.__setattr__(self, "mixer", "attention")
         if self.rotary_dim is None:
             object.__setattr__(self, "rotary_dim", self.head_dim if self.positions == "rotary" else 0)
         for name in ("embed_norm", "head_transform"):
@@ -139,7 +172,23 @@ class Arch:
         return self.mlp == "gated"
 
     @property
+    def mamba(self) -> bool:
+        """Mamba blocks (h += mamba(ln1 h)): no attention, no MLP; d_mlp is the inner width d_inner."""
+        return self.mixer == "mamba"
+
+    @property
+    def d_inner(self) -> int:
+        return self.d_mlp
+
+    @property
+    def conditioned(self) -> bool:
+        """DiT: blocks modulated by a conditioning vector (adaLN-Zero); the output is an image, not logits."""
+        return self.conditioning is not None
+
+    @property
     def head_name(self) -> str:
+        if self.conditioned:
+            return "out"
         return "head" if self.pooling == "cls" else "lm_head"
 
     @property
@@ -191,6 +240,17 @@ class Arch:
         return cls("neox", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, **kw)
 
     @classmethod
+    def dit(cls, n_layer, d_model, n_head, d_mlp, freq_dim, eps=1e-6, activation="gelu_tanh", **kw) -> "Arch":
+        return cls("dit", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, freq_dim=freq_dim, **kw)
+
+    @classmethod
+    def mamba_lm(cls, n_layer, d_model, d_inner, d_state, dt_rank, d_conv, eps=1e-5, activation="silu",
+                 **kw) -> "Arch":
+        """Mamba (n_head is 1: no heads)."""
+        return cls("mamba", n_layer, d_model, 1, d_inner, "rmsnorm", eps, activation, d_state=d_state,
+                   dt_rank=dt_rank, d_conv=d_conv, **kw)
+
+    @classmethod
     def bert(cls, n_layer, d_model, n_head, d_mlp, eps=1e-12, activation="gelu", **kw) -> "Arch":
         return cls("bert", n_layer, d_model, n_head, d_mlp, "layernorm", eps, activation, **kw)
 
@@ -231,6 +291,12 @@ class Arch:
         types = d.get("token_types", 0)
         if type(types) is not int or not 0 <= types <= MAX_SIZE:
             raise ValueError(f"arch token_types is {types!r}: must be an integer in [0, {MAX_SIZE}]")
+        if d.get("conditioning") is not None and d["conditioning"] not in CONDITIONINGS:
+            raise ValueError(f"arch conditioning is {d['conditioning']!r}: must be one of {CONDITIONINGS} or null")
+        freq = d.get("freq_dim", 0)
+        if type(freq) is not int or not 0 <= freq <= MAX_SIZE or freq % 2:
+            raise ValueError(f"arch freq_dim is {freq!r}: must be an even integer in [0, {MAX_SIZE}]")
+        _check_mamba_fields(d)
         rotary_dim = d.get("rotary_dim")
         if rotary_dim is not None and (type(rotary_dim) is not int or not 0 <= rotary_dim <= MAX_SIZE):
             raise ValueError(f"arch rotary_dim is {rotary_dim!r}: must be an integer in [0, {MAX_SIZE}]")
@@ -260,8 +326,32 @@ class Arch:
             raise ValueError(f"arch position_offset {self.position_offset} needs learned positions")
         if self.pooler and self.pooling != "cls" and not self.head_transform:
             raise ValueError("arch pooler needs pooling 'cls' (a classifier) or a masked-LM head (next-sentence head)")
+        if self.conditioned and (self.inputs != "patches" or self.residual != "sequential" or self.norm != "layernorm"
+                                 or self.freq_dim < 2 or self.causal):
+            raise ValueError("arch conditioning 'adaln' is supported for pre-norm LayerNorm patch models with a "
+                             "timestep embedding (freq_dim >= 2), not causal")
+        if self.mamba and (self.norm != "rmsnorm" or self.inputs != "tokens" or self.residual != "sequential"
+                           or self.positions is not None or self.n_head != 1 or self.conditioned):
+            raise ValueError("arch mixer 'mamba' is supported for sequential RMSNorm token models without positions "
+                             "and with n_head 1")
+        if self.mamba != (min(self.d_state, self.dt_rank, self.d_conv) > 0) or (
+                not self.mamba and (self.conv_bias or self.proj_bias)):
+            raise ValueError(f"arch d_state, dt_rank, d_conv ({self.d_state}, {self.dt_rank}, {self.d_conv}) must be "
+                             "positive exactly with mixer 'mamba' (and conv_bias, proj_bias false without it)")
         if not self.rotary and self.rotary_dim:
             raise ValueError(f"arch rotary_dim {self.rotary_dim} needs rotary positions (positions is {self.positions!r})")
+
+
+def _check_mamba_fields(d: dict) -> None:
+    if d.get("mixer") is not None and d["mixer"] not in MIXERS:
+        raise ValueError(f"arch mixer is {d['mixer']!r}: must be one of {MIXERS} or null")
+    for key in ("d_state", "dt_rank", "d_conv"):
+        v = d.get(key, 0)
+        if type(v) is not int or not 0 <= v <= MAX_SIZE:
+            raise ValueError(f"arch {key} is {v!r}: must be an integer in [0, {MAX_SIZE}]")
+    for key in ("conv_bias", "proj_bias"):
+        if d.get(key) is not None and not isinstance(d[key], bool):
+            raise ValueError(f"arch {key} is {d[key]!r}: must be true or false")
 
 
 def _check_size(key: str, v) -> None:
@@ -269,4 +359,4 @@ def _check_size(key: str, v) -> None:
         raise ValueError(f"arch {key} is {v!r}: must be an integer in [1, {MAX_SIZE}]")
 
 
-__all__ = ["ACTIVATIONS", "Arch", "FAMILIES", "INPUTS", "MLPS", "NORMS", "POOLINGS", "POSITIONS", "RESIDUALS"]
+__all__ = ["ACTIVATIONS", "Arch", "CONDITIONINGS", "FAMILIES", "INPUTS", "MIXERS", "MLPS", "NORMS", "POOLINGS", "POSITIONS", "RESIDUALS"]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import functional_dit as dit
+from . import mamba
 from .arch import Arch
 from .blocks import ACTIVATIONS
 from .vit import patchify
@@ -49,25 +51,32 @@ def norm(arch: Arch, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def embedding_names(arch: Arch) -> tuple[str, ...]:
     """The parameters `embed_sum` reads: all a sweep needs of its end models, unmixed."""
+    if arch.conditioned:
+        return dit.EMBEDDING_NAMES
     if arch.inputs == "patches":
         return ("patch_embed.weight", "patch_embed.bias", "cls_token", "pos_embed")
     names = ("tok_embed.weight",) + (("pos_embed",) if arch.positions == "learned" else ())
     return names + (("type_embed",) if arch.token_types else ())
 
 
-def embed(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
+def embed(arch: Arch, p: dict, inputs: torch.Tensor, record=None) -> torch.Tensor:
     """Residual stream after the embeddings: (K, B, T, d)."""
-    return embed_norm(arch, p, embed_sum(arch, p, inputs))
+    return embed_norm(arch, p, embed_sum(arch, p, inputs), record)
 
 
-def embed_norm(arch: Arch, p, h: torch.Tensor) -> torch.Tensor:
-    """BERT's norm of the embeddings' sum (ln_emb); the identity for other models."""
+def embed_norm(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
+    """What follows the embeddings' (mixed) sum, per mixture: BERT's norm (ln_emb), DiT's conditioning
+    vector (functional_dit.condition); the identity for other models."""
+    if arch.conditioned:
+        return dit.condition(arch, _ops(arch, p), h, record)
     return _ops(arch, p).norm(h, "ln_emb") if arch.embed_norm else h
 
 
 def embed_sum(arch: Arch, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     """The embeddings' sum before any norm, (K, B, T, d): linear in the parameters, so a sweep mixes
     the end models' sums instead of their tables."""
+    if arch.conditioned:
+        return dit.embed_sum(arch, _ops(arch, p), inputs)
     if arch.inputs == "patches":
         C = inputs.shape[1]
         patch = int(round((p["patch_embed.weight"].shape[-1] / C) ** 0.5))
@@ -128,6 +137,10 @@ class StackedOps:
     def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return norm(self.arch, x, self.p[name + ".weight"], self.p.get(name + ".bias"))
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """One parameter, (K, ...): what Mamba's conv, A_log and D read."""
+        return self.p[name]
+
 
 def _ops(arch: Arch, p) -> StackedOps:
     return p if hasattr(p, "linear") else StackedOps(arch, p)
@@ -171,9 +184,13 @@ def mlp(arch: Arch, p, l: int, x: torch.Tensor, record=None) -> torch.Tensor:
 def block(arch: Arch, p, l: int, h: torch.Tensor, record=None) -> torch.Tensor:
     """The residual stream after block `l` (a streamed sweep runs them one at a time)."""
     ops = _ops(arch, p)
+    if arch.conditioned:
+        return dit.block(arch, ops, l, h, attention, mlp, record)
     if record is not None:
         record(f"resid.{l}", h)
     b = f"blocks.{l}."
+    if arch.mamba:  # the mixer is the whole block: no attention, no MLP
+        return h + mamba.mixer(arch, ops, l, ops.norm(h, b + "ln1"), record)
     if arch.post_norm:  # BERT: each sum is normalised on the stream itself
         h = ops.norm(h + attention(arch, ops, l, h, record), b + "ln1")
         return ops.norm(h + mlp(arch, ops, l, h, record), b + "ln2")
@@ -189,12 +206,14 @@ def blocks(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     for l in range(arch.n_layer):
         h = block(arch, ops, l, h, record)
     if record is not None:
-        record(f"resid.{arch.n_layer}", h)
+        record(f"resid.{arch.n_layer}", dit.stream(h) if arch.conditioned else h)
     return h
 
 
 def head(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
     ops = _ops(arch, p)
+    if arch.conditioned:
+        return dit.head(arch, ops, h)
     if arch.pooler and arch.pooling != "cls" and record is not None:
         # the next-sentence head's pooler: not in the logits, recorded for activation matching
         record("pooler", torch.tanh(ops.linear(h[:, :, 0], "pooler")))
@@ -216,7 +235,7 @@ def head(arch: Arch, p, h: torch.Tensor, record=None) -> torch.Tensor:
 def forward(arch: Arch, p: dict, inputs: torch.Tensor, record=None) -> torch.Tensor:
     """Logits (K, B, classes) or (K, B, T, vocab) for K stacked parameter sets."""
     ops = StackedOps(arch, p)
-    return head(arch, ops, blocks(arch, ops, embed(arch, p, inputs), record), record)
+    return head(arch, ops, blocks(arch, ops, embed(arch, p, inputs, record), record), record)
 
 
 def stack(params_list: list[dict]) -> dict:

@@ -31,8 +31,8 @@ class StreamedCheckpoint:
         layout = self.adapter.layout(model)
         if layout is None:
             raise UnsupportedModelError(
-                f"{self.path}: {type(model).__name__} cannot be streamed (its standard parameters are cut from "
-                "fused tensors); load it whole: lmc_fast.io.load_model")
+                f"{self.path}: {type(model).__name__} cannot be streamed ({self.adapter.not_streamed}); load it whole: "
+                "lmc_fast.io.load_model")
         self.arch = self.adapter.arch(model)
         self.layout = layout
         # standard shapes from the meta model: adapters map meta tensors like real ones, for free

@@ -46,12 +46,18 @@ class InputSpec:
     patch_features: int | None = None
     n_patches: int | None = None
     reserved_token: int | None = None  # a token id the inputs must not hold (RoBERTa's padding id)
+    # DiT: inputs carry a timestep and a class plane after the image (image_shape counts them), n_out is the
+    # class count (the class n_out is the null class), targets are the noise
+    denoise: bool = False
 
 
 def spec_from_params(arch, params: dict) -> InputSpec:
     """The spec of a model given as standard parameters (leading K axes are allowed)."""
     n_out = params[arch.head_name + ".weight"].shape[-2]
     pos = params["pos_embed"].shape[-2] if "pos_embed" in params else None
+    if arch.conditioned:
+        return InputSpec("patches", params["y_embed.weight"].shape[-2] - 1,
+                         patch_features=params["patch_embed.weight"].shape[-1], n_patches=pos, denoise=True)
     if arch.inputs == "tokens":
         block = None if pos is None else pos - arch.position_offset
         return InputSpec("tokens", n_out, vocab=params["tok_embed.weight"].shape[-2], block_size=block,
@@ -69,6 +75,8 @@ def spec_from_model(model) -> InputSpec:
 
     adapter = adapter_for(model)
     arch, c = adapter.arch(model), model.config
+    if arch.conditioned:
+        return InputSpec("patches", c.num_classes, image_shape=(c.channels + 2, *_square(c.image_size)), denoise=True)
     if arch.inputs == "tokens":
         block = adapter.shape_fields(model)["context"]
         n_out = adapter.shape_fields(model).get("num_classes", c.vocab_size)  # sequence classifiers
@@ -152,10 +160,42 @@ def check_targets(spec: InputSpec, y: torch.Tensor) -> None:
                          f"(and is not the ignore index {IGNORE_INDEX})")
 
 
+def check_denoising(spec: InputSpec, x: torch.Tensor, y: torch.Tensor) -> None:
+    """A DiT batch: packed inputs (B, C + 2, H, W) whose last two planes are constant, whole timesteps in
+    [0, MAX_TIMESTEPS) and classes in [0, n_out] (n_out: the null class), and finite noise (B, C, H, W)."""
+    from ..models.functional_dit import MAX_TIMESTEPS
+
+    if not x.is_floating_point() or x.dim() != 4 or x.shape[1] < 3:
+        raise ValueError(f"DiT inputs must be packed (B, C + 2, H, W) floats (the image, then timestep and class "
+                         f"planes: lmc_fast.diffusion), got shape {tuple(x.shape)} and {x.dtype}")
+    fits = (tuple(x.shape[1:]) == tuple(spec.image_shape) if spec.image_shape else
+            _fits_patches(spec, (x.shape[1] - 2, *x.shape[2:])))
+    image = spec.image_shape
+    if not fits:
+        raise ValueError(f"DiT inputs of shape {tuple(x.shape)} do not fit the model"
+                         + (f", which takes (B, {image[0]}, {image[1]}, {image[2]})" if spec.image_shape else ""))
+    if not all_finite(x):
+        raise ValueError("DiT inputs hold NaN or infinite values")
+    for plane, what, hi in ((x[:, -2], "timestep", MAX_TIMESTEPS - 1), (x[:, -1], "class", spec.n_out)):
+        first = plane[:, :1, :1]
+        if bool((plane != first).any()) or bool((first != first.round()).any()):
+            raise ValueError(f"DiT inputs' {what} plane is not one whole number per sample")
+        if x.shape[0] and not (0 <= float(first.min()) and float(first.max()) <= hi):
+            raise ValueError(f"DiT {what} {float(first.min() if first.min() < 0 else first.max()):g} is outside "
+                             f"[0, {hi}]")
+    if not y.is_floating_point() or tuple(y.shape) != (x.shape[0], x.shape[1] - 2, *x.shape[2:]):
+        raise ValueError(f"DiT targets must be the noise, floats of shape {(x.shape[0], x.shape[1] - 2, *x.shape[2:])}, "
+                         f"got {tuple(y.shape)} and {y.dtype}")
+    if not all_finite(y):
+        raise ValueError("DiT targets (the noise) hold NaN or infinite values")
+
+
 def check_batch(spec: InputSpec, x: torch.Tensor, y: torch.Tensor) -> None:
     """One line naming what is wrong with a batch (inputs, then targets), or nothing."""
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise ValueError(f"a batch must be two tensors (inputs, targets), got {type(x).__name__} and {type(y).__name__}")
+    if spec.denoise:
+        return check_denoising(spec, x, y)
     if spec.inputs == "tokens":
         check_token_ids(spec, x)
     else:

@@ -5,7 +5,10 @@ The task says how logits meet targets (`TASKS`, read off the model's Arch by `ta
 - "next_token" (causal LMs): logits (B, T, V), targets = the input ids themselves; the shift
   happens here, as with Hugging Face `labels=`;
 - "masked_token" (BERT): logits (B, T, V), targets (B, T) at the same positions: the original
-  ids where the inputs were masked, -100 elsewhere (Hugging Face's masked-LM collator's labels).
+  ids where the inputs were masked, -100 elsewhere (Hugging Face's masked-LM collator's labels);
+- "denoise" (DiT): the predicted noise of every patch (B, N, C p p) against the noise drawn (B, C, H, W);
+  the loss is the mean squared error per sample, and there is no accuracy (None; the batches' fixed draws
+  of timestep and noise come from lmc_fast/diffusion.py).
 A target of -100 (`IGNORE_INDEX`, Hugging Face's convention) marks a position to skip: it
 counts in no loss, accuracy, calibration bin or example count. Callers that do not say the
 task get it from the logits' rank: (B, C) classify, (B, T, V) next-token.
@@ -22,11 +25,14 @@ from .checks import IGNORE_INDEX, check_batch, spec_from_model
 ECE_BINS = 15
 
 
-TASKS = ("classify", "next_token", "masked_token")
+TASKS = ("classify", "next_token", "masked_token", "denoise")
 
 
 def task_of(arch) -> str:
-    """The model's task: classifiers pool, causal LMs predict the next token, bidirectional ones masked tokens."""
+    """The model's task: classifiers pool, causal LMs predict the next token, bidirectional ones masked tokens,
+    diffusion Transformers the noise."""
+    if arch.conditioned:
+        return "denoise"
     if arch.pooling == "cls":
         return "classify"
     return "next_token" if arch.causal else "masked_token"
@@ -50,10 +56,27 @@ def flat_logits_targets(logits: torch.Tensor, targets: torch.Tensor, task: str |
     return logits, targets
 
 
+def noise_errors(pred: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Per sample the mean squared error of a DiT's patch predictions (B, N, C p p) against the noise
+    (B, C, H, W), brought to the predictions' layout."""
+    from ..models.vit import patchify
+
+    if pred.dim() != 3 or noise.dim() != 4 or pred.shape[0] != noise.shape[0] or not noise.is_floating_point():
+        raise ValueError(f"denoising targets must be the noise (B, C, H, W) of predictions (B, N, C*p*p), got "
+                         f"{tuple(noise.shape)} ({noise.dtype}) for {tuple(pred.shape)}")
+    C = noise.shape[1]
+    p = int(round((pred.shape[-1] / C) ** 0.5))
+    if p * p * C != pred.shape[-1] or (noise.shape[2] // p) * (noise.shape[3] // p) != pred.shape[1]:
+        raise ValueError(f"noise of shape {tuple(noise.shape)} does not fit predictions of shape {tuple(pred.shape)}")
+    return (pred - patchify(noise, p).to(pred.dtype)).pow(2).mean(dim=(1, 2))
+
+
 def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
               task: str | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the kept targets (-100 skipped). A batch with nothing kept
-    gives a zero that still carries the graph (so backward runs) and moves nothing."""
+    """Mean cross-entropy over the kept targets (-100 skipped); the mean squared error for "denoise". A batch
+    with nothing kept gives a zero that still carries the graph (so backward runs) and moves nothing."""
+    if task == "denoise":
+        return noise_errors(logits.float(), targets).mean()
     lg, tg = flat_logits_targets(logits, targets, task)
     if not (tg != IGNORE_INDEX).any():
         return lg.float().sum() * 0.0
@@ -79,6 +102,11 @@ class MetricSums:
         self.bin_n = torch.zeros(ECE_BINS, dtype=torch.float64)
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor):
+        if self.task == "denoise":  # sums of per-sample squared errors; no accuracy or calibration
+            self.batches += 1
+            self.loss += float(noise_errors(logits.double(), targets).sum())
+            self.n += targets.shape[0]
+            return
         lg, tg = flat_logits_targets(logits, targets, self.task)
         self.batches += 1
         kept = tg != IGNORE_INDEX
@@ -103,6 +131,8 @@ class MetricSums:
         if self.n == 0:
             raise ValueError(f"no data: every target of the {self.batches} batch(es) is the ignore index {IGNORE_INDEX}")
         loss = self.loss / self.n
+        if self.task == "denoise":
+            return {"loss": loss, "acc": None, "ece": None}
         ece = ((self.bin_conf - self.bin_acc).abs().sum() / self.n).item()
         # the reliability diagram of the ECE bins (JSON-ready): per bin the mean confidence and
         # accuracy (None for an empty bin) and the count of kept targets

@@ -85,12 +85,14 @@ def barrier_result(lams: list[float], by_lam: dict, space: str, engine: str, sec
     rows = [by_lam[l] for l in lams]
     chord = [(1 - l) * ra["loss"] + l * rb["loss"] for l in lams]
     signed = [r["loss"] - c for r, c in zip(rows, chord)]
-    acc_drop = [(1 - l) * ra["acc"] + l * rb["acc"] - r["acc"] for l, r in zip(lams, rows)]
+    # no accuracy (None) for tasks without one (DiT's denoising)
+    acc_drop = (None if ra["acc"] is None else
+                [(1 - l) * ra["acc"] + l * rb["acc"] - r["acc"] for l, r in zip(lams, rows)])
     return BarrierResult(
         lambdas=lams, loss=[r["loss"] for r in rows], acc=[r["acc"] for r in rows], ece=[r["ece"] for r in rows],
         ppl=[r["ppl"] for r in rows] if "ppl" in ra else None,
         loss_a=ra["loss"], loss_b=rb["loss"], acc_a=ra["acc"], acc_b=rb["acc"],
-        barrier=max(signed), acc_barrier=max(acc_drop), signed=signed, signed_min=min(signed),
+        barrier=max(signed), acc_barrier=None if acc_drop is None else max(acc_drop), signed=signed, signed_min=min(signed),
         signed_max=max(signed), space=space, engine=engine, seconds=seconds,
         reliability=[r["reliability"] for r in rows] if all("reliability" in r for r in rows) else None,
     )

@@ -12,6 +12,14 @@
   scaled by s > 0 and its fc2 column by 1 / s, so each unit is balanced: s makes both norms
   sqrt(||fc1_i|| ||fc2_:,i||). Permutations and residual rotations keep both norms, so the balanced
   form of g . A is the balanced form of A moved by the rest of g: the scales need no matching.
+- DiT (adaLN-Zero): each branch's modulated input LN(x) (1 + scale) + shift may be scaled per channel by
+  a != 0 against its readers' columns (scale' = a (1 + scale) - 1, shift' = a shift: both linear in silu(c),
+  so the modulation's rows and biases take it), and each gate row against its branch's output rows
+  (gate' = a gate, W_O' = W_O / a); both are balanced (the two sides' norms made equal) and signed
+  (1 + scale's bias > 0, the gate's bias >= 0): only permutations of the stream act on these rows, and
+  they keep norms and signs, so no matcher searches the scales.
+- Mamba: each inner channel's scale (in_x row against conv row), each state's (B row against C row) and
+  dt's GL(dt_rank) factorisation are fixed (symmetry/mamba.py says how and why that commutes with the rest).
 The result is idempotent and exports back to the original class.
 """
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..models.adapters import Arch, adapter_for, standard_params
+from .mamba import canonical_mixer
 from .spec import norm_readers, residual_writers
 
 # |gamma| below this fraction of max |gamma| makes beta / gamma unstable.
@@ -75,7 +84,7 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
             store(b + "v.bias", torch.zeros_like(b_v[:, 0].reshape(-1)))
         if b + "k.bias" in p and not arch.rotary:
             store(b + "k.bias", torch.zeros_like(d64(b + "k.bias")))
-    if arch.norm == "layernorm" and not arch.post_norm:
+    if arch.norm == "layernorm" and not arch.post_norm and not arch.conditioned:  # DiT's gates break centring
         for name, axis in residual_writers(arch):
             if partial and name not in p:
                 continue
@@ -87,6 +96,17 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
                 continue
             for name, value in balanced_units(p, f"blocks.{l}.mlp.").items():
                 store(name, value)
+    if arch.mamba:  # after the norms fold into in_x: channel and state scales, dt's factorisation (mamba.py)
+        for l in range(arch.n_layer):
+            if partial and f"blocks.{l}.mamba.in_x.weight" not in p:
+                continue
+            for name, value in canonical_mixer(p, f"blocks.{l}.mamba.").items():
+                store(name, value)
+    if arch.conditioned:  # after b_V moved into b_O: the gates' balance reads the final output biases
+        if partial:
+            raise ValueError("DiT checkpoints are not streamed: load them whole")
+        for name, value in balanced_modulations(arch, p).items():
+            store(name, value)
     # the rest unchanged, as copies (the result never shares memory with `params`)
     return {k: (v if k in done else v.to(dtype, copy=True)) for k, v in p.items()}
 
@@ -137,6 +157,52 @@ def balanced_units(p: dict, prefix: str) -> dict:
     out = {prefix + "fc1.weight": up * s[:, None], prefix + "fc2.weight": down / s[None, :]}
     if bias is not None:
         out[prefix + "fc1.bias"] = bias * s
+    return out
+
+
+def _signed(primary: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Per row the sign of `primary`, where it is zero that of `fallback`, else +1: a sign every permutation
+    of the rows keeps."""
+    s = torch.sign(primary)
+    s = torch.where(s == 0, torch.sign(fallback), s)
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def _balance(side_sq: torch.Tensor, other_sq: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """The per-channel factor a that makes both sides' norms sqrt(|side| |other|), with the given sign
+    (1 where either side is zero)."""
+    side, other = side_sq.sqrt(), other_sq.sqrt()
+    live = (side > 0) & (other > 0)
+    return torch.where(live, (other / torch.where(live, side, 1.0)).sqrt() * sign, torch.ones_like(side))
+
+
+def balanced_modulations(arch: Arch, p: dict) -> dict:
+    """DiT's modulations, their readers and the gated outputs with each channel's free scale and sign fixed,
+    in float64 (the module docstring says which maps these are and why they are exact)."""
+    d64 = lambda name: p[name].to(torch.float64)  # noqa: E731
+    out = {}
+    branches = []  # (shift, scale, readers) of every modulated norm
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}."
+        branches += [(b + "mod.shift1", b + "mod.scale1", [b + f"attn.{n}" for n in "qkv"]),
+                     (b + "mod.shift2", b + "mod.scale2", arch.mlp_readers(l))]
+    branches.append(("final.shift", "final.scale", [arch.head_name]))
+    for shift, scale, readers in branches:
+        Ws, bs, Wt, bt = d64(scale + ".weight"), d64(scale + ".bias"), d64(shift + ".weight"), d64(shift + ".bias")
+        gain = 1 + bs
+        side = Ws.pow(2).sum(1) + gain.pow(2) + Wt.pow(2).sum(1) + bt.pow(2)
+        R = [d64(r + ".weight") for r in readers]
+        a = _balance(side, sum(W.pow(2).sum(0) for W in R), _signed(gain, Ws.sum(1)))
+        out.update({scale + ".weight": Ws * a[:, None], scale + ".bias": a * gain - 1,
+                    shift + ".weight": Wt * a[:, None], shift + ".bias": bt * a})
+        out.update({r + ".weight": W / a[None, :] for r, W in zip(readers, R)})
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}."
+        for gate, writer in ((b + "mod.gate1", b + "attn.o"), (b + "mod.gate2", b + "mlp.fc2")):
+            Wg, bg, Wo, bo = d64(gate + ".weight"), d64(gate + ".bias"), d64(writer + ".weight"), d64(writer + ".bias")
+            a = _balance(Wg.pow(2).sum(1) + bg.pow(2), Wo.pow(2).sum(1) + bo.pow(2), _signed(bg, Wg.sum(1)))
+            out.update({gate + ".weight": Wg * a[:, None], gate + ".bias": bg * a,
+                        writer + ".weight": Wo / a[:, None], writer + ".bias": bo / a})
     return out
 
 

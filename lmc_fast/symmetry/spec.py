@@ -83,13 +83,18 @@ class Spec:
 # ----------------------------------------------------------------- residual stream roles
 def residual_writers(arch: Arch) -> list[tuple[str, int]]:
     """(param, axis) of everything that adds into the residual stream."""
-    if arch.inputs == "patches":
+    if arch.conditioned:  # DiT: fixed positions, no class token
+        out = [("patch_embed.weight", 0), ("patch_embed.bias", 0), ("pos_embed", 1)]
+    elif arch.inputs == "patches":
         out = [("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 0), ("pos_embed", 1)]
     else:
         out = [("tok_embed.weight", 1)] + ([("pos_embed", 1)] if arch.positions == "learned" else [])
         out += [("type_embed", 1)] if arch.token_types else []
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
+        if arch.mamba:  # a Mamba block writes through its out projection alone
+            out += [(b + "mamba.out.weight", 0)] + ([(b + "mamba.out.bias", 0)] if arch.proj_bias else [])
+            continue
         out += [(b + "attn.o.weight", 0)] + ([(b + "attn.o.bias", 0)] if arch.o_bias else [])
         out += [(b + "mlp.fc2.weight", 0)] + ([(b + "mlp.fc2.bias", 0)] if arch.mlp_bias else [])
     return out
@@ -98,12 +103,15 @@ def residual_writers(arch: Arch) -> list[tuple[str, int]]:
 def norm_readers(arch: Arch) -> dict[str, list[str]]:
     """Each pre-norm's name -> the linear layers that read its output (what the canonical form folds it
     into). Post-norm models have none: their norms sit on the stream, read by the next block and by
-    the residual connection alike."""
-    if arch.post_norm:
+    the residual connection alike; nor has DiT: its norms have no parameters (adaLN modulates them)."""
+    if arch.post_norm or arch.conditioned:
         return {}
     out = {}
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
+        if arch.mamba:  # the block's one norm feeds the x and gate projections
+            out[b + "ln1"] = [b + "mamba.in_x", b + "mamba.in_z"]
+            continue
         out[b + "ln1"] = [b + "attn.q", b + "attn.k", b + "attn.v"]
         out[b + "ln2"] = arch.mlp_readers(l)
     out["ln_f"] = [arch.head_name]
@@ -111,6 +119,10 @@ def norm_readers(arch: Arch) -> dict[str, list[str]]:
 
 
 def residual_readers(arch: Arch) -> list[tuple[str, int]]:
+    if arch.conditioned:  # DiT: the modulated norms' readers and the output layer
+        layers = [f"blocks.{l}.attn.{n}" for l in range(arch.n_layer) for n in "qkv"]
+        layers += [r for l in range(arch.n_layer) for r in arch.mlp_readers(l)]
+        return [(r + ".weight", 1) for r in layers + [arch.head_name]]
     if arch.post_norm:  # every block reads the stream directly, and so does the head's first layer
         heads = ["pooler"] if arch.pooler else []  # the classifier's or the next-sentence head's pooler
         if arch.pooling != "cls":
@@ -129,8 +141,46 @@ def post_norm_stream(arch: Arch) -> list[tuple[str, int]]:
     return [(n + t, 0) for n in norms for t in (".weight", ".bias")]
 
 
+def modulations(arch: Arch) -> list[str]:
+    """DiT's per-channel modulations (blocks' shift / scale / gate, the output layer's shift / scale): linear
+    maps of silu(c) whose rows are indexed by the stream's channels."""
+    from ..models.functional_dit import MODULATIONS
+
+    return [f"blocks.{l}.mod.{n}" for l in range(arch.n_layer) for n in MODULATIONS] + ["final.shift", "final.scale"]
+
+
+def _conditioning_groups(arch: Arch) -> dict[str, Group]:
+    """DiT's conditioning path: the permutation of c's channels (silu acts per channel: the timestep MLP's
+    output rows, the class embedding's columns and every modulation's columns move together) and of the
+    timestep MLP's hidden units."""
+    mods = modulations(arch)
+    cond = (Axis("t_embed.fc2.weight", 0), Axis("t_embed.fc2.bias", 0), Axis("y_embed.weight", 1),
+            *(Axis(m + ".weight", 1, True) for m in mods))
+    hidden = (Axis("t_embed.fc1.weight", 0), Axis("t_embed.fc1.bias", 0), Axis("t_embed.fc2.weight", 1, True))
+    return {"cond": Group("cond", "permutation", arch.d_model, cond),
+            "t_embed": Group("t_embed", "permutation", arch.d_model, hidden)}
+
+
 # ---------------------------------------------------------------------- spec builders
+def _mamba_groups(arch: Arch) -> dict[str, Group]:
+    """Per Mamba block: its inner channels ("inner.L": everything indexed by the channel moves together) and
+    its states ("state.L": B's and C's rows, A's columns); exact on raw and canonical parameters alike
+    (docs/ARCHITECTURE.md, section 1)."""
+    groups = {}
+    for l in range(arch.n_layer):
+        b = f"blocks.{l}.mamba."
+        rows = ["in_x.weight", "in_z.weight", "conv.weight", "dt.weight", "dt.bias", "A_log", "D"]
+        rows += (["in_x.bias", "in_z.bias"] if arch.proj_bias else []) + (["conv.bias"] if arch.conv_bias else [])
+        axes = [Axis(b + n, 0) for n in rows] + [Axis(b + n + ".weight", 1, True) for n in ("x_dt", "x_B", "x_C", "out")]
+        groups[f"inner.{l}"] = Group(f"inner.{l}", "permutation", arch.d_inner, tuple(axes))
+        axes = (Axis(b + "x_B.weight", 0), Axis(b + "x_C.weight", 0), Axis(b + "A_log", 1))
+        groups[f"state.{l}"] = Group(f"state.{l}", "permutation", arch.d_state, axes)
+    return groups
+
+
 def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
+    if arch.mamba:
+        return _mamba_groups(arch)
     groups = {}
     for l in range(arch.n_layer):
         b = f"blocks.{l}."
@@ -158,12 +208,18 @@ def _layer_groups(arch: Arch, head_map: str | None) -> dict[str, Group]:
         axes = (Axis("head_dense.weight", 0), Axis("head_dense.bias", 0), Axis("ln_head.weight", 0),
                 Axis("ln_head.bias", 0), Axis(arch.head_name + ".weight", 1, True))
         groups["head_transform"] = Group("head_transform", "permutation", arch.d_model, axes)
+    if arch.conditioned:
+        groups.update(_conditioning_groups(arch))
     return groups
 
 
-def _post_norm_residual(arch: Arch) -> Group:
-    """A post-norm stream's symmetry: a permutation (a rotation does not commute with the norms' scales)."""
-    axes = [Axis(p, a) for p, a in residual_writers(arch) + post_norm_stream(arch)]
+def _permutation_residual(arch: Arch) -> Group:
+    """A post-norm stream's symmetry, and DiT's: a permutation (a rotation does not commute with the norms'
+    scales, nor with DiT's per-channel modulations, whose rows move with it)."""
+    on_stream = post_norm_stream(arch) if arch.post_norm else []
+    if arch.conditioned:
+        on_stream = [(m + t, 0) for m in modulations(arch) for t in (".weight", ".bias")]
+    axes = [Axis(p, a) for p, a in residual_writers(arch) + on_stream]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     return Group("residual", "permutation", arch.d_model, tuple(axes), role="residual")
 
@@ -177,8 +233,8 @@ def canonical_spec(arch: Arch, head_map: str = "orthogonal") -> Spec:
     commute with RoPE (per frequency plane a 2x2 rotation, or a rotation and scale)."""
     if head_map not in HEAD_MAPS:
         raise ValueError(f"head_map must be one of {HEAD_MAPS}, got {head_map!r}")
-    if arch.post_norm:
-        return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": _post_norm_residual(arch)})
+    if arch.post_norm or arch.conditioned:
+        return Spec(arch, "canonical", {**_layer_groups(arch, head_map), "residual": _permutation_residual(arch)})
     axes = [Axis(p, a) for p, a in residual_writers(arch)]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     if arch.norm == "layernorm":
@@ -194,9 +250,9 @@ def permutation_spec(arch: Arch, heads: bool = True) -> Spec:
     whole heads per layer (Q / K / V row blocks with their biases and O column blocks move
     together, no per-head map: Verma & Elbayad's Transformer re-basin). `heads=False`
     leaves attention alone (the earlier baseline)."""
-    if arch.post_norm:
+    if arch.post_norm or arch.conditioned:
         return Spec(arch, "raw", {**_layer_groups(arch, NO_HEAD_MAP if heads else None),
-                                  "residual": _post_norm_residual(arch)})
+                                  "residual": _permutation_residual(arch)})
     axes = [Axis(p, a) for p, a in residual_writers(arch)]
     axes += [Axis(p, a, True) for p, a in residual_readers(arch)]
     for n in norm_readers(arch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...numerics import all_finite
 from ..arch import Arch  # noqa: F401 - re-exported (modules import it from here)
 from ..bert import Bert, BertConfig
+from ..dit import DiT, DiTConfig
 from ..gpt2 import GPT2, GPT2Config
 from ..llama import Llama, LlamaConfig
 from ..neox import NeoX, NeoXConfig
@@ -18,9 +19,10 @@ from .base import Adapter, IncompatibleModelsError, UnsupportedModelError, _hf_c
 from .hf_bert import HFBertAdapter, HFRobertaAdapter
 from .hf_gpt2 import HFGPT2Adapter
 from .hf_llama import HFLlamaAdapter
+from .hf_mamba import HFMambaAdapter
 from .hf_neox import HFGPTNeoXAdapter
 from .hf_vit import HFViTAdapter
-from .reference import RefGPT2Adapter, RefFunctionalAdapter, RefViTAdapter
+from .reference import RefDiTAdapter, RefGPT2Adapter, RefFunctionalAdapter, RefViTAdapter
 
 
 # ---------------------------------------------------------------- the one model registry
@@ -28,11 +30,12 @@ from .reference import RefGPT2Adapter, RefFunctionalAdapter, RefViTAdapter
 #: load) and the CLI (`train --model`, `--config` fields) read. A new reference model is one entry here.
 REFERENCE = {"vit": (ViT, ViTConfig, RefViTAdapter), "gpt2": (GPT2, GPT2Config, RefGPT2Adapter),
              "llama": (Llama, LlamaConfig, RefFunctionalAdapter), "neox": (NeoX, NeoXConfig, RefFunctionalAdapter),
-             "bert": (Bert, BertConfig, RefFunctionalAdapter)}
+             "bert": (Bert, BertConfig, RefFunctionalAdapter), "dit": (DiT, DiTConfig, RefDiTAdapter)}
 #: Hugging Face config.json model_type -> (transformers class names, adapter); a folder loads as the first
 #: class unless its config's "architectures" names another of them
 HUGGING_FACE = {"gpt2": (("GPT2LMHeadModel",), HFGPT2Adapter), "vit": (("ViTForImageClassification",), HFViTAdapter),
                 "gpt_neox": (("GPTNeoXForCausalLM",), HFGPTNeoXAdapter),
+                "mamba": (("MambaForCausalLM",), HFMambaAdapter),
                 "bert": (tuple(HFBertAdapter.CLASSES), HFBertAdapter),
                 "roberta": (tuple(HFRobertaAdapter.CLASSES), HFRobertaAdapter),
                 **{t: ((name,), HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}

@@ -56,6 +56,8 @@ class Adapter:
 
     #: The config attribute holding the MLP width (for `resized`).
     mlp_width_field = "d_mlp"
+    #: why `layout` is None, where it is (the streamed reader's refusal says it)
+    not_streamed = "its standard parameters are cut from fused tensors"
 
     def resized(self, template, d_mlp: int):
         """A fresh model like `template` (class, dtype, device, mode) with MLP width d_mlp."""

@@ -32,6 +32,30 @@ class RefViTAdapter(Adapter):
         return _load(copy.deepcopy(template), params)
 
 
+class RefDiTAdapter(RefViTAdapter):
+    """lmc_fast.models.DiT: parameters under the standard names, its fixed positions among them."""
+
+    not_streamed = ("DiT's conditioning vector is read by every block's modulations, so no block of it can be "
+                    "brought to canonical form alone")
+
+    def layout(self, model):
+        return None
+
+    def arch(self, model):
+        return model.arch()
+
+    def shape_fields(self, model):
+        c = model.config
+        return {"image_size": c.image_size, "patch_size": c.patch_size, "channels": c.channels,
+                "num_classes": c.num_classes}
+
+    def logits(self, model, inputs):
+        # the functional forward's layout (B, N, C p p), which the denoising metric compares with the noise
+        from ..vit import patchify
+
+        return patchify(model(inputs), model.config.patch_size)
+
+
 class _RefLanguageModelAdapter(Adapter):
     """Our token models (GPT-2, Llama, NeoX, BERT): parameters already under the standard names, and
     an LM head that may be tied to the token embedding (or a classifier: BERT's sequence models)."""

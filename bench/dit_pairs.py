@@ -1,0 +1,189 @@
+"""DiT barrier table: tiny class-conditional DiTs trained from different seeds on 8x8 digits and on Fashion-MNIST
+(downscaled to 8x8), 5 independent pairs of each, every matching method; loss = noise-prediction MSE at fixed
+draws of (timestep, noise) on the test images.
+
+    python bench/dit_pairs.py train --dataset digits --seeds 0-9      # models cached under data_cache/dit/
+    python bench/dit_pairs.py table --dataset digits [--learned-steps 300]
+    python bench/dit_pairs.py hybrid                                   # digits DiT x Fashion DiT, PNG grid
+
+`table` writes bench/results/dit_barriers_<dataset>.json (per pair and method: the barrier curve, seconds; per
+method the median and range over the pairs); `hybrid` writes bench/results/dit_hybrid.json and
+docs/dit_hybrid.png (images sampled from the same noise along the raw and the aligned path).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import lmc_fast as lf
+from lmc_fast.diffusion import DenoisingBatches, images_8x8, sample, train_dit
+from lmc_fast.io import load_model, save_model
+from lmc_fast.models import DiT, DiTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "data_cache" / "dit"
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("none", "permutation", "weight", "activation", "learned")
+TRAIN = dict(steps=1500, batch_size=128, lr=1e-3)
+N_TEST, N_STATS = 1024, 1024
+
+
+def seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def model_path(dataset: str, seed: int) -> Path:
+    return CACHE / f"{dataset}-seed{seed}"
+
+
+def trained(dataset: str, seed: int) -> DiT:
+    """The cached model, or one trained now (the same seed gives the same model on the same machine)."""
+    path = model_path(dataset, seed)
+    if (path / "config.json").exists():
+        return load_model(path).eval()
+    x, y = images_8x8(dataset, "train", limit=20000 if dataset == "fashion" else None)
+    torch.manual_seed(seed)
+    model = DiT(DiTConfig.tiny())
+    t0 = time.perf_counter()
+    losses = train_dit(model, x, y, seed=seed, **TRAIN)
+    save_model(model, path, metadata={"dataset": dataset, "seed": seed, **TRAIN,
+                                      "final_loss": sum(losses[-100:]) / 100, "train_seconds": time.perf_counter() - t0})
+    print(f"{dataset} seed {seed}: final loss {sum(losses[-100:]) / 100:.4f} in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    return model.eval()
+
+
+def test_batches(dataset: str) -> DenoisingBatches:
+    x, y = images_8x8(dataset, "test")
+    return DenoisingBatches(x[:N_TEST], y[:N_TEST], batch_size=256, seed=10_000)
+
+
+def stats_batches(dataset: str) -> list:
+    x, y = images_8x8(dataset, "train", limit=N_STATS)
+    return list(DenoisingBatches(x, y, batch_size=128, seed=20_000))
+
+
+def align(method: str, a, b, stats, learned_steps: int, weight=None):
+    if method == "none":
+        return None
+    kw = {} if method in ("permutation", "weight") else {"data": stats}
+    if method == "learned":
+        kw.update(steps=learned_steps, init=weight, preset="paper", eval_every=25, patience=8)
+    return lf.align(a, b, method, **kw)
+
+
+def table(dataset: str, pair_seeds: list[int], lambdas: int, learned_steps: int) -> dict:
+    test, stats = test_batches(dataset), stats_batches(dataset)
+    pairs = []
+    for i in range(0, len(pair_seeds) - 1, 2):
+        a, b = trained(dataset, pair_seeds[i]), trained(dataset, pair_seeds[i + 1])
+        row, weight = {"seeds": [pair_seeds[i], pair_seeds[i + 1]]}, None
+        for method in METHODS:
+            t0 = time.perf_counter()
+            al = align(method, a, b, stats, learned_steps, weight)
+            seconds = time.perf_counter() - t0
+            weight = al if method == "weight" else weight
+            space = "raw" if method in ("none", "permutation") else "canonical"
+            res = lf.barrier(a, b if al is None else al.apply(b), test, lambdas=lambdas, space=space)
+            row[method] = {"barrier": res.barrier, "loss_mid": res.loss[len(res.loss) // 2], "loss_a": res.loss_a,
+                           "loss_b": res.loss_b, "lambdas": res.lambdas, "loss": res.loss, "align_seconds": seconds}
+            print(f"{dataset} {row['seeds']} {method:12s} barrier {res.barrier:.4f} "
+                  f"(ends {res.loss_a:.4f} {res.loss_b:.4f}, {seconds:.1f} s)", flush=True)
+        pairs.append(row)
+    summary = {}
+    for method in METHODS:
+        vals = [p[method]["barrier"] for p in pairs]
+        summary[method] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return {"dataset": dataset, "model": DiTConfig.tiny().to_dict(), "train": TRAIN, "n_test": N_TEST,
+            "n_stats": N_STATS, "lambdas": lambdas, "learned_steps": learned_steps, "pairs": pairs,
+            "summary": summary, "machine": _machine()}
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "load_average": os.getloadavg()}
+
+
+def hybrid(lambdas: int, out_png: Path) -> dict:
+    """A digits DiT aligned with a Fashion-MNIST DiT (weight matching, and activation matching on both
+    datasets' batches), then pictures sampled from the same noise and classes at each lambda."""
+    a, b = trained("digits", 0), trained("fashion", 0)
+    mixed_stats = stats_batches("digits")[:4] + stats_batches("fashion")[:4]
+    paths = {"raw": (b, "raw"), "weight": (lf.align(a, b, "weight").apply(b), "canonical"),
+             "activation": (lf.align(a, b, "activation", data=mixed_stats).apply(b), "canonical")}
+    classes = torch.arange(10)
+    noise = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    lams = [i / (lambdas - 1) for i in range(lambdas)]
+    grids, out = {}, {"lambdas": lams, "paths": {}}
+    for name, (b2, space) in paths.items():
+        rows = []
+        for lam in lams:
+            m = lf.interpolate(a, b2, lam, space=space)
+            rows.append(sample(m, classes, noise=noise))
+        grids[name] = torch.stack(rows)  # (L, 10, 1, 8, 8)
+        out["paths"][name] = {
+            "digits_loss": [lf.barrier(a, b2, test_batches("digits"), lambdas=lams, space=space).loss],
+            "fashion_loss": [lf.barrier(a, b2, test_batches("fashion"), lambdas=lams, space=space).loss]}
+    _save_grid(grids, lams, out_png)
+    return out
+
+
+def _save_grid(grids: dict, lams: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(grids)
+    n_cls = grids[names[0]].shape[1]
+    fig, axes = plt.subplots(len(names) * n_cls // 2, len(lams), figsize=(len(lams) * 0.7, len(names) * n_cls // 2 * 0.7))
+    for p, name in enumerate(names):
+        for r, cls in enumerate(range(0, n_cls, 2)):
+            for j in range(len(lams)):
+                ax = axes[p * (n_cls // 2) + r, j]
+                ax.imshow(grids[name][j, cls, 0].clamp(-1, 1).numpy(), cmap="gray", vmin=-1, vmax=1)
+                ax.set_xticks([]), ax.set_yticks([])
+                if j == 0:
+                    ax.set_ylabel(f"{name}\nclass {cls}" if r == 0 else f"class {cls}", fontsize=6)
+                if p == 0 and r == 0:
+                    ax.set_title(f"{lams[j]:.2f}", fontsize=6)
+    fig.suptitle("DiT digits (lambda 0) -> DiT Fashion-MNIST (lambda 1): raw / weight / activation aligned", fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("train", "table", "hybrid"))
+    ap.add_argument("--dataset", choices=("digits", "fashion"), default="digits")
+    ap.add_argument("--seeds", default="0-9")
+    ap.add_argument("--lambdas", type=int, default=11)
+    ap.add_argument("--learned-steps", type=int, default=300)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.what == "train":
+        for s in seeds(args.seeds):
+            trained(args.dataset, s)
+    elif args.what == "table":
+        out = table(args.dataset, seeds(args.seeds), args.lambdas, args.learned_steps)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"dit_barriers_{args.dataset}.json").write_text(json.dumps(out, indent=1))
+        for m, s in out["summary"].items():
+            print(f"{m:12s} median {s['median']:.4f} [{s['min']:.4f}, {s['max']:.4f}]")
+    else:
+        out = hybrid(args.lambdas, ROOT / "docs" / "dit_hybrid.png")
+        (RESULTS / "dit_hybrid.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
