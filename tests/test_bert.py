@@ -17,7 +17,8 @@ from lmc_fast.sweep.metrics import flat_logits_targets, task_of
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec, permutation_spec
 from lmc_fast.symmetry import elements as E
 from lmc_fast.symmetry.maps import centred_orthogonal, random_orthogonal
-from zoo import learned_lowers_a_planted_barrier, lerp_kernel_matches_batched, logits, make_inputs, make_model, rel_err
+from zoo import (learned_lowers_a_planted_barrier, lerp_kernel_matches_batched, logits, make_batches, make_inputs,
+                 make_model, rel_err)
 
 transformers = pytest.importorskip("transformers")
 
@@ -233,6 +234,23 @@ def test_learned_matching_on_a_hugging_face_sequence_classifier():
     assert "pooler" in al.spec.groups and al.info["steps"] == 4
     x = make_inputs("hf_bert_cls", seed=9)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+
+
+def test_learned_matching_scores_masked_tokens_in_place_not_shifted(monkeypatch):
+    """With target "labels" the loss is the masked-token loss at each masked position; it used to be
+    scored as next-token prediction (logits at t against the label at t + 1)."""
+    import lmc_fast.match.learned as learned
+
+    seen, real = [], learned.task_loss
+
+    def spy(logits, targets, label_smoothing=0.0, task=None):
+        seen.append(task)
+        return real(logits, targets, label_smoothing, task)
+
+    monkeypatch.setattr(learned, "task_loss", spy)
+    a, b = make_model("bert", seed=65, dtype=torch.float32), make_model("bert", seed=66, dtype=torch.float32)
+    lf.align(a, b, "learned", data=make_batches("bert", 4), steps=2, eval_every=2, target="labels")
+    assert seen and set(seen) == {"masked_token"}
 
 
 def test_published_bert_base_shape_maps_to_the_right_groups():
