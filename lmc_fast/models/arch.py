@@ -27,7 +27,8 @@ Standard parameter names (nn.Linear's (out, in) layout):
     conditioning "adaln" (DiT, models/functional_dit.py): patch_embed and pos_embed (no cls_token), t_embed.fc1 /
         fc2 (the timestep MLP), y_embed.weight (class rows, the last one the null class), per block
         blocks.L.mod.{shift1, scale1, gate1, shift2, scale2, gate2} (.weight, .bias: each a linear map of silu(c)),
-        attn and mlp as above with no norm parameters, final.shift / final.scale, then `out` (patch pixels)
+        attn and mlp as above with no norm parameters, final.shift / final.scale, then `out` (patch pixels, rows in
+        patchify's (C, p, p) order; with learn_sigma the C noise channels' rows, then C variance channels')
 """
 from __future__ import annotations
 
@@ -123,6 +124,13 @@ class Arch:
     d_conv: int = 0
     conv_bias: bool = False
     proj_bias: bool = False
+    # DiT as diffusers writes it (models/adapters/diffusers_dit.py; DiT's own code keeps the defaults): the timestep
+    # features' frequencies 10000^(-i / (freq_dim / 2 - freq_shift)) (diffusers' downscale_freq_shift, 1 there), the
+    # epsilon of the MLP branch's norm where it is not eps (diffusers' norm_eps; None: eps), and learn_sigma: `out`
+    # holds the noise rows, then as many variance rows, which read the stream too but which the task does not score
+    freq_shift: int = 0
+    mlp_eps: float | None = None
+    learn_sigma: bool = False
 
     def __post_init__(self):
         defaults = _FAMILY_DEFAULTS.get(self.family, {})
@@ -297,6 +305,7 @@ class Arch:
         if type(freq) is not int or not 0 <= freq <= MAX_SIZE or freq % 2:
             raise ValueError(f"arch freq_dim is {freq!r}: must be an even integer in [0, {MAX_SIZE}]")
         _check_mamba_fields(d)
+        _check_dit_fields(d, freq)
         rotary_dim = d.get("rotary_dim")
         if rotary_dim is not None and (type(rotary_dim) is not int or not 0 <= rotary_dim <= MAX_SIZE):
             raise ValueError(f"arch rotary_dim is {rotary_dim!r}: must be an integer in [0, {MAX_SIZE}]")
@@ -330,6 +339,8 @@ class Arch:
                                  or self.freq_dim < 2 or self.causal):
             raise ValueError("arch conditioning 'adaln' is supported for pre-norm LayerNorm patch models with a "
                              "timestep embedding (freq_dim >= 2), not causal")
+        if not self.conditioned and (self.freq_shift or self.mlp_eps is not None or self.learn_sigma):
+            raise ValueError("arch freq_shift, mlp_eps and learn_sigma need conditioning 'adaln' (DiT)")
         if self.mamba and (self.norm != "rmsnorm" or self.inputs != "tokens" or self.residual != "sequential"
                            or self.positions is not None or self.n_head != 1 or self.conditioned):
             raise ValueError("arch mixer 'mamba' is supported for sequential RMSNorm token models without positions "
@@ -352,6 +363,17 @@ def _check_mamba_fields(d: dict) -> None:
     for key in ("conv_bias", "proj_bias"):
         if d.get(key) is not None and not isinstance(d[key], bool):
             raise ValueError(f"arch {key} is {d[key]!r}: must be true or false")
+
+
+def _check_dit_fields(d: dict, freq_dim: int) -> None:
+    shift = d.get("freq_shift", 0)
+    if type(shift) is not int or not 0 <= shift < max(freq_dim // 2, 1):
+        raise ValueError(f"arch freq_shift is {shift!r}: must be an integer in [0, freq_dim / 2)")
+    eps = d.get("mlp_eps")
+    if eps is not None and (type(eps) not in (int, float) or not (math.isfinite(eps) and 0 < eps < 1)):
+        raise ValueError(f"arch mlp_eps is {eps!r}: must be null or a number in (0, 1)")
+    if d.get("learn_sigma") is not None and not isinstance(d["learn_sigma"], bool):
+        raise ValueError(f"arch learn_sigma is {d['learn_sigma']!r}: must be true or false")
 
 
 def _check_size(key: str, v) -> None:

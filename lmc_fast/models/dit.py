@@ -37,6 +37,10 @@ class DiTConfig:
     freq_dim: int = 64  # sinusoidal timestep features (DiT: 256)
     eps: float = 1e-6
     activation: str = "gelu_tanh"
+    # DiT as diffusers computes it (so that a converted diffusers DiT keeps its function): the timestep features'
+    # downscale_freq_shift (None: 0) and the MLP branch's norm epsilon (None: eps); DiT's own code has neither
+    freq_shift: int | None = None
+    mlp_eps: float | None = None
 
     @classmethod
     def tiny(cls, **overrides) -> "DiTConfig":
@@ -58,6 +62,12 @@ class DiTConfig:
                              f"got d_model={self.d_model}, freq_dim={self.freq_dim}")
         require_choice("DiTConfig", "activation", self.activation, ACTIVATIONS)
         require_eps("DiTConfig", self.eps)
+        if self.mlp_eps is not None and not (isinstance(self.mlp_eps, float) and 0 < self.mlp_eps < 1):
+            raise ValueError(f"DiTConfig.mlp_eps must be None or a float in (0, 1), got {self.mlp_eps!r}")
+        if self.freq_shift is not None and (type(self.freq_shift) is not int
+                                            or not 0 <= self.freq_shift < self.freq_dim // 2):
+            raise ValueError(f"DiTConfig.freq_shift must be None or an integer in [0, freq_dim / 2), "
+                             f"got {self.freq_shift!r}")
         require_param_limit("DiTConfig", self.param_count(),
                             f"n_layer={self.n_layer}, d_model={self.d_model}, d_mlp={self.d_mlp}")
 
@@ -123,7 +133,8 @@ class DiT(nn.Module):
 
     def arch(self) -> Arch:
         c = self.config
-        return Arch.dit(c.n_layer, c.d_model, c.n_head, c.d_mlp, c.freq_dim, eps=float(c.eps), activation=c.activation)
+        return Arch.dit(c.n_layer, c.d_model, c.n_head, c.d_mlp, c.freq_dim, eps=float(c.eps), activation=c.activation,
+                        freq_shift=c.freq_shift or 0, mlp_eps=None if c.mlp_eps is None else float(c.mlp_eps))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Packed inputs (B, C + 2, H, W) (functional_dit.pack_inputs) -> predicted noise (B, C, H, W)."""

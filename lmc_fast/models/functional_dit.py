@@ -4,8 +4,9 @@ A class-conditional diffusion Transformer (Peebles & Xie): patches of the noisy 
 positions on the stream; a conditioning vector c = t_embed.fc2(silu(t_embed.fc1 f(t))) + y_embed[y] from the
 timestep's sinusoidal features f(t) and the class; each block adaLN-Zero modulated by silu(c):
     x <- x + gate1 * attn(LN(x) * (1 + scale1) + shift1),  x <- x + gate2 * mlp(LN(x) * (1 + scale2) + shift2)
-with LN without parameters and each of shift / scale / gate a linear map of silu(c); the output layer
-out(LN(x) * (1 + final.scale) + final.shift) predicts the noise of every patch.
+with LN without parameters (epsilon arch.eps; the MLP branch's arch.mlp_eps where set, as in diffusers' DiT) and
+each of shift / scale / gate a linear map of silu(c); the output layer out(LN(x) * (1 + final.scale) + final.shift)
+predicts the noise of every patch (with arch.learn_sigma, then its variance, which the forward drops).
 
 The engines want the embeddings linear in the parameters (they mix the end models' embeddings, then run
 the rest per mixture), so `embed_sum` returns the linear parts as extra tokens in front of the patches:
@@ -44,11 +45,11 @@ def unpack_inputs(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return inputs[:, :-2], inputs[:, -2, 0, 0], inputs[:, -1, 0, 0].round().long()
 
 
-def timestep_features(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """DiT's sinusoidal timestep features (B, dim): cos then sin of t * 10000^(-i / (dim / 2)), in float64
-    and cast to t's dtype."""
+def timestep_features(t: torch.Tensor, dim: int, shift: int = 0) -> torch.Tensor:
+    """DiT's sinusoidal timestep features (B, dim): cos then sin of t * 10000^(-i / (dim / 2 - shift)), in float64
+    and cast to t's dtype (shift: diffusers' downscale_freq_shift, 1 in its DiT; DiT's own code has 0)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64, device=t.device) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64, device=t.device) / (half - shift))
     args = t.to(torch.float64)[:, None] * freqs[None]
     return torch.cat([args.cos(), args.sin()], dim=-1).to(t.dtype)
 
@@ -76,7 +77,7 @@ def embed_sum(arch, ops, inputs: torch.Tensor) -> torch.Tensor:
     C = x_t.shape[1]
     patch = int(round((p["patch_embed.weight"].shape[-1] / C) ** 0.5))
     x = ops.linear(patchify(x_t, patch).unsqueeze(0).expand(K, -1, -1, -1), "patch_embed") + p["pos_embed"].unsqueeze(1)
-    feats = timestep_features(t, arch.freq_dim).unsqueeze(0).expand(K, -1, -1)
+    feats = timestep_features(t, arch.freq_dim, arch.freq_shift).unsqueeze(0).expand(K, -1, -1)
     t_pre = ops.linear(feats, "t_embed.fc1")  # (K, B, d)
     y_emb = p["y_embed.weight"][:, y]  # (K, B, d)
     return torch.cat([t_pre.unsqueeze(2), y_emb.unsqueeze(2), x], dim=2)
@@ -91,8 +92,9 @@ def condition(arch, ops, h: torch.Tensor, record=None) -> torch.Tensor:
     return torch.cat([c.unsqueeze(2), h[:, :, 2:]], dim=2)
 
 
-def _modulated(arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), eps=arch.eps) * (1 + scale) + shift
+def _modulated(arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+               eps: float | None = None) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), eps=arch.eps if eps is None else eps) * (1 + scale) + shift
 
 
 def block(arch, ops, l: int, h: torch.Tensor, attention, mlp, record=None) -> torch.Tensor:
@@ -103,7 +105,7 @@ def block(arch, ops, l: int, h: torch.Tensor, attention, mlp, record=None) -> to
     sc = F.silu(c)
     mod = {n: ops.linear(sc, f"blocks.{l}.mod.{n}") for n in MODULATIONS}  # (K, B, 1, d): the same for every token
     x = x + mod["gate1"] * attention(arch, ops, l, _modulated(arch, x, mod["shift1"], mod["scale1"]), record)
-    x = x + mod["gate2"] * mlp(arch, ops, l, _modulated(arch, x, mod["shift2"], mod["scale2"]), record)
+    x = x + mod["gate2"] * mlp(arch, ops, l, _modulated(arch, x, mod["shift2"], mod["scale2"], arch.mlp_eps), record)
     return torch.cat([c, x], dim=2)
 
 
@@ -113,7 +115,9 @@ def stream(h: torch.Tensor) -> torch.Tensor:
 
 
 def head(arch, ops, h: torch.Tensor) -> torch.Tensor:
-    """The predicted noise of every patch, (K, B, N, C * p * p) in `patchify`'s layout."""
+    """The predicted noise of every patch, (K, B, N, C * p * p) in `patchify`'s layout (with learn_sigma the
+    first half of `out`'s rows: the variance rows after them are not part of the task)."""
     sc = F.silu(h[:, :, :1])
     x = _modulated(arch, h[:, :, 1:], ops.linear(sc, "final.shift"), ops.linear(sc, "final.scale"))
-    return ops.linear(x, "out")
+    y = ops.linear(x, "out")
+    return y[..., : y.shape[-1] // 2] if arch.learn_sigma else y

@@ -75,8 +75,10 @@ def spec_from_model(model) -> InputSpec:
 
     adapter = adapter_for(model)
     arch, c = adapter.arch(model), model.config
-    if arch.conditioned:
-        return InputSpec("patches", c.num_classes, image_shape=(c.channels + 2, *_square(c.image_size)), denoise=True)
+    if arch.conditioned:  # the reference DiT's and diffusers' configs name the sizes differently: the adapter's names
+        s = adapter.shape_fields(model)
+        return InputSpec("patches", s["num_classes"], image_shape=(s["channels"] + 2, *_square(s["image_size"])),
+                         denoise=True)
     if arch.inputs == "tokens":
         block = adapter.shape_fields(model)["context"]
         n_out = adapter.shape_fields(model).get("num_classes", c.vocab_size)  # sequence classifiers

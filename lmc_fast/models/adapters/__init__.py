@@ -16,6 +16,7 @@ from ..llama import Llama, LlamaConfig
 from ..neox import NeoX, NeoXConfig
 from ..vit import ViT, ViTConfig
 from .base import Adapter, IncompatibleModelsError, UnsupportedModelError, _hf_class
+from .diffusers_dit import DiffusersDiTAdapter
 from .hf_bert import HFBertAdapter, HFRobertaAdapter
 from .hf_gpt2 import HFGPT2Adapter
 from .hf_llama import HFLlamaAdapter
@@ -39,6 +40,8 @@ HUGGING_FACE = {"gpt2": (("GPT2LMHeadModel",), HFGPT2Adapter), "vit": (("ViTForI
                 "bert": (tuple(HFBertAdapter.CLASSES), HFBertAdapter),
                 "roberta": (tuple(HFRobertaAdapter.CLASSES), HFRobertaAdapter),
                 **{t: ((name,), HFLlamaAdapter) for t, name in HFLlamaAdapter.MODEL_TYPES.items()}}
+#: diffusers class name -> adapter: models mapped in memory (io.py loads transformers folders, not diffusers ones)
+DIFFUSERS = {"DiTTransformer2DModel": DiffusersDiTAdapter}
 
 
 def reference_model_type(model) -> str | None:
@@ -56,8 +59,15 @@ def adapter_for(model) -> Adapter:
         for names, adapter in HUGGING_FACE.values():
             if any(isinstance(model, _hf_class(name)) for name in names):
                 return adapter()
+    if cls.__module__.startswith("diffusers"):
+        import diffusers
+
+        for name, adapter in DIFFUSERS.items():
+            if isinstance(model, getattr(diffusers, name)):
+                return adapter()
     supported = [f"lmc_fast.models.{c.__name__}" for c, _, _ in REFERENCE.values()]
     supported += [f"transformers.{name}" for names, _ in HUGGING_FACE.values() for name in names]
+    supported += [f"diffusers.{name}" for name in DIFFUSERS]
     raise UnsupportedModelError(f"cannot map module {cls.__module__}.{cls.__name__}: supported are "
                                 f"{', '.join(supported[:-1])} and {supported[-1]}")
 
