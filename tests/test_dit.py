@@ -402,3 +402,17 @@ def test_dit_checkpoints_are_not_streamed_and_say_so(tmp_path):
     save_model(a, tmp_path / "a"), save_model(b, tmp_path / "b")
     with pytest.raises(lf.UnsupportedModelError, match="DiT cannot be streamed .DiT's conditioning vector"):
         lf.align(str(tmp_path / "a"), str(tmp_path / "b"), "weight")
+
+
+def test_layer_groups_that_share_a_parameter_are_solved_in_rounds():
+    """cond and t_embed both act on t_embed.fc2 (its rows and its columns): weight matching solves them in
+    successive rounds, each given the other's element; a ViT's layer groups are all disjoint: one round."""
+    from lmc_fast.match.weight import disjoint_rounds
+    from lmc_fast.models import ViT, ViTConfig
+
+    spec = canonical_spec(random_dit().arch())
+    local = [n for n, g in spec.groups.items() if g.layer_local]
+    rounds = disjoint_rounds(spec, local)
+    assert len(rounds) == 2 and "cond" in rounds[0] and rounds[1] == ["t_embed"]
+    vit = canonical_spec(standard_params(ViT(ViTConfig.digits()))[0])
+    assert len(disjoint_rounds(vit, [n for n, g in vit.groups.items() if g.layer_local])) == 1
