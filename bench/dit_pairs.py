@@ -45,9 +45,12 @@ def model_path(dataset: str, seed: int) -> Path:
     return CACHE / f"{dataset}-seed{seed}"
 
 
-def trained(dataset: str, seed: int) -> DiT:
-    """The cached model, or one trained now (the same seed gives the same model on the same machine)."""
+def trained(dataset: str, seed: int, wait: bool = False) -> DiT:
+    """The cached model, or one trained now (the same seed gives the same model on the same machine);
+    `wait`: another process is training it, wait for its checkpoint instead."""
     path = model_path(dataset, seed)
+    while wait and not (path / "config.json").exists():
+        time.sleep(10)
     if (path / "config.json").exists():
         return load_model(path).eval()
     x, y = images_8x8(dataset, "train", limit=20000 if dataset == "fashion" else None)
@@ -84,11 +87,11 @@ def align(method: str, a, b, stats, learned_steps: int, start=None):
     return lf.align(a, b, method, **kw)
 
 
-def table(dataset: str, pair_seeds: list[int], lambdas: int, learned_steps: int) -> dict:
+def table(dataset: str, pair_seeds: list[int], lambdas: int, learned_steps: int, wait: bool = False) -> dict:
     test, stats = test_batches(dataset), stats_batches(dataset)
     pairs = []
     for i in range(0, len(pair_seeds) - 1, 2):
-        a, b = trained(dataset, pair_seeds[i]), trained(dataset, pair_seeds[i + 1])
+        a, b = trained(dataset, pair_seeds[i], wait), trained(dataset, pair_seeds[i + 1], wait)
         row, start = {"seeds": [pair_seeds[i], pair_seeds[i + 1]]}, None
         for method in METHODS:
             t0 = time.perf_counter()
@@ -176,13 +179,14 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--lambdas", type=int, default=11)
     ap.add_argument("--learned-steps", type=int, default=300)
+    ap.add_argument("--wait", action="store_true", help="table: wait for models another `train` process writes")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.what == "train":
         for s in seeds(args.seeds):
             trained(args.dataset, s)
     elif args.what == "table":
-        out = table(args.dataset, seeds(args.seeds), args.lambdas, args.learned_steps)
+        out = table(args.dataset, seeds(args.seeds), args.lambdas, args.learned_steps, args.wait)
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"dit_barriers_{args.dataset}.json").write_text(json.dumps(out, indent=1))
         for m, s in out["summary"].items():

@@ -114,9 +114,10 @@ def train_dit(model, images: torch.Tensor, labels: torch.Tensor, *, steps: int =
 
 @torch.no_grad()
 def sample(model, labels: torch.Tensor, *, steps: int = 50, seed: int = 0, guidance: float = 1.0,
-           noise: torch.Tensor | None = None) -> torch.Tensor:
+           noise: torch.Tensor | None = None, clip: bool = True) -> torch.Tensor:
     """Deterministic DDIM samples (B, C, H, W) of the classes `labels` from `noise` (or N(0, 1) drawn from
-    `seed`); `guidance` > 1 mixes in the null class's prediction (classifier-free guidance)."""
+    `seed`); `guidance` > 1 mixes in the null class's prediction (classifier-free guidance); `clip` keeps each
+    step's estimate of x_0 in the data's range [-1, 1] (pixel-space DDPM's usual choice)."""
     c = model.config
     sched = Schedule()
     if noise is None:
@@ -133,5 +134,8 @@ def sample(model, labels: torch.Tensor, *, steps: int = 50, seed: int = 0, guida
         ab = sched.alpha_bar[t].to(x.dtype)
         ab_prev = sched.alpha_bar[ts[i + 1]].to(x.dtype) if i + 1 < len(ts) else torch.ones((), dtype=x.dtype)
         x0 = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+        if clip:  # then the noise that x_0 and x_t imply, so the step stays on the DDIM path
+            x0 = x0.clamp(-1, 1)
+            eps = (x - ab.sqrt() * x0) / (1 - ab).sqrt()
         x = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps
     return x

@@ -373,6 +373,8 @@ def test_training_lowers_the_loss_and_sampling_is_deterministic():
     assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
     s1, s2 = sample(m, torch.arange(4), steps=5, seed=3), sample(m, torch.arange(4), steps=5, seed=3)
     assert s1.shape == (4, 1, 8, 8) and torch.equal(s1, s2) and torch.isfinite(s1).all()
+    assert s1.abs().max() <= 1  # the last step returns the clipped estimate of x_0
+    assert not torch.equal(sample(m, torch.arange(4), steps=5, seed=3, clip=False), s1)
     assert not torch.equal(s1, sample(m, torch.arange(4), steps=5, seed=4))
     with pytest.raises(ValueError, match="train_dit trains lmc_fast.models.DiT"):
         train_dit(torch.nn.Linear(2, 2), x, y, steps=1)
