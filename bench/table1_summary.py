@@ -3,7 +3,9 @@
     lmc-fast grid bench/grids/table1_digits.toml --out /tmp/lmc_grids/table1_digits   # and the others
     python bench/table1_summary.py --grids /tmp/lmc_grids
 
-Reads each grid's results.jsonl (what `lmc-fast grid` wrote) and writes bench/results/table1.json
+Reads each grid's results.jsonl and grid.json (what `lmc-fast grid` wrote) from --grids, or, for a setting
+whose grid is not there, the copies committed in bench/results/table1/<name>/ (table1_llama -> llama), so one
+new grid updates its row without rerunning the others; writes bench/results/table1.json
 (per setting and method: the loss barrier's median, min, max over the pairs, the accuracy and, for
 language models, the perplexity at lambda = 0.5; the simplex centroid's excess loss) and
 bench/results/table1.md (the markdown tables the README quotes).
@@ -23,7 +25,9 @@ SETTINGS = {  # grid folder name -> (row label, language model?)
     "table1_llama": ("tiny LLaMA, Shakespeare", True),
     "table1_neox": ("tiny GPT-NeoX, Shakespeare", True),
     "table1_bert": ("tiny BERT (masked tokens), Shakespeare", True),
+    "table1_mamba": ("tiny Mamba, Shakespeare", True),
 }
+COMMITTED = Path(__file__).parent / "results" / "table1"  # each grid's summary files, as committed
 COLUMNS = ("none", "permutation", "activation", "weight", "learned-perm", "learned", "learned-paper")
 
 
@@ -41,6 +45,11 @@ def summarise(folder: Path, language: bool) -> dict:
     simplex = [r for r in records if r.get("kind") == "simplex"]
     out = {"models": len(grid["models"]), "pairs": grid["pairs"], "lambdas": len(grid["lambdas"]),
            "data": grid["data"], "methods": {}, "simplex": {}}
+    if (folder / "machine.json").exists():  # where and how long the grid ran (written beside it when recorded)
+        out["machine"] = json.loads((folder / "machine.json").read_text())
+    if (folder / "partial" / "results.jsonl").exists():
+        # columns finished on fewer pairs than the grid's, run as their own grid: kept apart, never in the tables
+        out["partial"] = summarise(folder / "partial", language)
     ends = [r["curve"] for r in pairs if r["method"] == pairs[0]["method"]]  # each pair once: its end models
     out["end_models_acc"] = _stats([c["acc"][i] for c in ends for i in (0, -1)])
     if language:
@@ -104,9 +113,11 @@ def main():
     args = p.parse_args()
     table = {}
     for name, (_, language) in SETTINGS.items():
-        folder = Path(args.grids) / name
-        if (folder / "results.jsonl").exists():
-            table[name] = summarise(folder, language)
+        for folder in (Path(args.grids) / name, COMMITTED / name.removeprefix("table1_")):
+            if (folder / "results.jsonl").exists():
+                table[name] = summarise(folder, language)
+                print(f"{name}: {folder}")
+                break
     out = Path(args.out)
     (out / "table1.json").write_text(json.dumps(table, indent=2) + "\n")
     text = markdown(table)
