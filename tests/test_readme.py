@@ -25,13 +25,14 @@ def test_python_blocks_run(tmp_path, monkeypatch):
         save_model(ViT(ViTConfig.digits(d_model=16, n_layer=1, n_head=2, d_mlp=32)), f"demo_out/models/seed{s}",
                    metadata={"data": "digits"})
     code = blocks("python")
-    assert len(code) == 4
+    assert len(code) == 5
     namespace = {}
     for block in code:
         # as written, except far fewer optimisation steps (the test checks that it runs, not how well)
         exec(compile(re.sub(r"steps=\d+", "steps=3", block), "README.md", "exec"), namespace)
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert namespace["res"].barrier == namespace["res"].barrier  # a number, not NaN
+    assert namespace["dit_res"].barrier == namespace["dit_res"].barrier and namespace["dit_res"].acc_barrier is None
 
 
 def readme_commands() -> list[list[str]]:
