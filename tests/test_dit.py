@@ -418,3 +418,15 @@ def test_layer_groups_that_share_a_parameter_are_solved_in_rounds():
     assert len(rounds) == 2 and "cond" in rounds[0] and rounds[1] == ["t_embed"]
     vit = canonical_spec(standard_params(ViT(ViTConfig.digits()))[0])
     assert len(disjoint_rounds(vit, [n for n, g in vit.groups.items() if g.layer_local])) == 1
+
+
+def test_the_cli_sweep_refuses_classification_data_for_a_dit_in_one_line(tmp_path, capsys):
+    from lmc_fast.cli import main
+    from lmc_fast.io import save_model
+
+    a, b, _ = planted_pair()
+    save_model(a.float(), tmp_path / "a"), save_model(b.float(), tmp_path / "b")
+    rc = main(["sweep", str(tmp_path / "a"), str(tmp_path / "b"), "--data", "digits", "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "DiT inputs must be packed" in err and "DenoisingBatches" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()

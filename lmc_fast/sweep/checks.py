@@ -169,7 +169,8 @@ def check_denoising(spec: InputSpec, x: torch.Tensor, y: torch.Tensor) -> None:
 
     if not x.is_floating_point() or x.dim() != 4 or x.shape[1] < 3:
         raise ValueError(f"DiT inputs must be packed (B, C + 2, H, W) floats (the image, then timestep and class "
-                         f"planes: lmc_fast.diffusion), got shape {tuple(x.shape)} and {x.dtype}")
+                         f"planes, as lmc_fast.diffusion.DenoisingBatches makes them; the CLI's --data has no "
+                         f"denoising batches yet), got shape {tuple(x.shape)} and {x.dtype}")
     fits = (tuple(x.shape[1:]) == tuple(spec.image_shape) if spec.image_shape else
             _fits_patches(spec, (x.shape[1] - 2, *x.shape[2:])))
     image = spec.image_shape
