@@ -44,11 +44,6 @@ class RefDiTAdapter(RefViTAdapter):
     def arch(self, model):
         return model.arch()
 
-    def shape_fields(self, model):
-        c = model.config
-        return {"image_size": c.image_size, "patch_size": c.patch_size, "channels": c.channels,
-                "num_classes": c.num_classes}
-
     def logits(self, model, inputs):
         # the functional forward's layout (B, N, C p p), which the denoising metric compares with the noise
         from ..vit import patchify
