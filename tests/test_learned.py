@@ -102,9 +102,11 @@ def test_sample_weights_modes():
         sample_weights("bogus", 2, 1, gen)
 
 
-def test_learned_matching_lowers_a_planted_barrier():
+@pytest.mark.parametrize("sides", ["b", "both"])
+def test_learned_matching_lowers_a_planted_barrier(sides):
     """B is A under a random symmetry plus noise; starting from a deliberately poor alignment
-    (identity), learned matching must lower the validation barrier."""
+    (identity), learned matching must lower the validation barrier, with B's elements alone
+    learning or both models' (LMC-DM)."""
     torch.manual_seed(0)
     a = make_model("vit", seed=61, dtype=torch.float32)
     arch, raw = standard_params(a)
@@ -116,9 +118,9 @@ def test_learned_matching_lowers_a_planted_barrier():
         data = [(x, logits(a, x).argmax(-1)) for x, _ in data]
     pa, pb = canonical_params(arch, raw), canonical_params(arch, standard_params(b)[1])
     hard, info = learn_alignments(spec, [pa, pb], [Alignment.identity(spec).elements], data[:5], data[5:],
-                                  steps=60, lr=0.02, eval_every=20, patience=10)
+                                  steps=60, lr=0.02, eval_every=20, patience=10, sides=sides)
     hist = [v for _, v in info["val_history"]]
-    assert info["val_barrier"] < hist[0]
+    assert info["sides"] == sides and info["val_barrier"] < hist[0]
     assert min(hist) == info["val_barrier"]
 
 
@@ -165,6 +167,45 @@ def test_learn_residual_only_keeps_other_groups_at_their_init():
     assert moved == lf.match.learned_module.moved_from(al, init)
     with pytest.raises(ValueError, match="learn must be one of"):
         lf.align(a, b, "learned", data=data, steps=1, init=init, learn="nothing")
+
+
+def test_both_sides_reach_the_paths_of_one_side():
+    """sides="both" moves A too. The group acts linearly on the parameters, so the mixture
+    (1 - w) g_A . A + w g_B . B is g_A applied to the one-sided mixture with g_A^-1 g_B: the same
+    function at every mixing weight (float64), and that element is what `hard_elements` reports."""
+    from lmc_fast.match.learned_module import mix
+    from lmc_fast.models import functional as Fn
+
+    a, b = make_model("gpt2", seed=111, dtype=torch.float64), make_model("gpt2", seed=112, dtype=torch.float64)
+    la = lf.LearnedAlignment(a, b, init="weight", sides="both", dtype=torch.float64)
+    assert {n.split(".")[0] for n, _ in la.named_parameters()} == {"latents", "reference"}
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every latent, A's too, well away from its start
+        for p in la.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    ref = Alignment(la.spec, la.reference.project()[1])
+    assert ref.distance(Alignment.identity(la.spec))["residual"]["matrix"] > 0.1  # A's element really moved
+    pa, pb = la.params_list
+    composed = Alignment(la.spec, la.hard_elements()[0])
+    one_sided = [pa, composed.apply_params(pb)]
+    x = make_inputs("gpt2")
+    w = torch.tensor([[1.0, 0.0], [0.7, 0.3], [0.5, 0.5], [0.2, 0.8], [0.0, 1.0]], dtype=torch.float64)
+    want = Fn.forward(la.arch, {k: mix(w, [p[k] for p in one_sided]) for k in pa}, x)
+    assert rel_err(la.mixture_logits(x, w), want) < 1e-8
+    # and the ends are still the two models' functions
+    assert rel_err(la(x, lam=0.0), logits(a, x)) < 1e-8 and rel_err(la(x, lam=1.0), logits(b, x)) < 1e-8
+    al = la.alignment()
+    assert al.info["sides"] == "both" and rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-8
+
+
+def test_align_learned_with_both_sides_and_a_bad_sides_value():
+    a, b, data = _vit_pair_and_data(113, 114)
+    al = lf.align(a, b, "learned", data=data, steps=6, eval_every=3, lr=0.05, sides="both")
+    assert al.info["sides"] == "both" and al.info["steps"] == 6 and set(al.info["moved"]) == {"residual", "mlp", "heads"}
+    x = make_inputs("vit", dtype=torch.float32)
+    assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+    with pytest.raises(ValueError, match="sides must be one of"):
+        lf.align(a, b, "learned", data=data, steps=1, sides="a")
 
 
 def _vit_pair_and_data(seed_a, seed_b):

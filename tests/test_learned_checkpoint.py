@@ -55,18 +55,19 @@ def _killed_after(monkeypatch, steps_done: int):
     monkeypatch.setattr(learned, "sample_weights", dying)
 
 
-def test_resumed_run_ends_exactly_as_an_uninterrupted_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sides", ["b", "both"])  # "both": A's latents and warm starts are state too
+def test_resumed_run_ends_exactly_as_an_uninterrupted_one(tmp_path, monkeypatch, sides):
     ckpt = tmp_path / "unit.learned.ckpt"
-    whole = _run()
+    whole = _run(sides=sides)
     with monkeypatch.context() as m:
         _killed_after(m, 8)  # checkpoints at steps 3 and 6; the run dies during step 9
         with pytest.raises(KeyboardInterrupt):
-            _run(checkpoint=ckpt, checkpoint_every=3)
+            _run(checkpoint=ckpt, checkpoint_every=3, sides=sides)
     assert ckpt.exists()
     calls = []
     real = learned.sample_weights
     monkeypatch.setattr(learned, "sample_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
-    resumed = _run(checkpoint=ckpt, checkpoint_every=3)
+    resumed = _run(checkpoint=ckpt, checkpoint_every=3, sides=sides)
     assert len(calls) == 11 - 6  # resumed at step 6, not from the start
     _same(whole, resumed)
     assert whole[1]["steps"] == 11 and len(whole[1]["val_history"]) == 4

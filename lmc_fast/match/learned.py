@@ -79,14 +79,15 @@ def _mixed_endpoint_probs(arch, stacked_ends, w, x, temperature: float = 1.0) ->
 
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
                      alpha=1.0, lambdas_per_step=4, eval_every=50, patience=6, seed=0, dtype=torch.float32,
-                     device="cpu", learn="all", target="labels", temperature=1.0, augment=None,
+                     device="cpu", learn="all", sides="b", target="labels", temperature=1.0, augment=None,
                      progress=False, checkpoint=None, checkpoint_every=None):
-    """Core loop on parameters: params_list[0] is the fixed reference; latents for every other model.
+    """Core loop on parameters: params_list[0] is the reference (fixed, or moving too with sides="both");
+    latents for every other model.
     Returns (best hard elements per model after the first, info); see `fit_alignments`."""
     if learn not in LEARN_MODES:
         raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
     _check_target(target, augment)
-    module = MixedAlignments(spec, params_list, init_elements, dtype=dtype, device=device, learn=learn)
+    module = MixedAlignments(spec, params_list, init_elements, dtype=dtype, device=device, learn=learn, sides=sides)
     return fit_alignments(module, train, val, steps=steps, lr=lr, lam=lam, alpha=alpha,
                           lambdas_per_step=lambdas_per_step, eval_every=eval_every, patience=patience, seed=seed,
                           target=target, temperature=temperature, augment=augment, progress=progress,
@@ -271,7 +272,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     seconds = time.perf_counter() - t0
     info = {"method": "learned", "steps": step, "best_step": best[1], "val_barrier": best[0],
             "val_history": history, "seconds": seconds, "steps_per_second": step / seconds,
-            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn, "target": target,
+            "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn, "sides": module.sides,
+            "target": target,
             "weight_decay": weight_decay, "warmup": warmup, "clip": clip,
             "temperature": temperature,
             "augment": None if augment is None else repr(augment)}
@@ -362,7 +364,7 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
                      lr: float | None = None, lam=None, lambdas_per_step: int | None = None,
                      val_fraction: float | None = None, eval_every: int | None = None, patience: int | None = None,
                      head_map: str = "orthogonal", init: Alignment | None = None, learn: str = "all",
-                     target: str | None = None, temperature: float = 1.0, augment="preset",
+                     sides: str = "b", target: str | None = None, temperature: float = 1.0, augment="preset",
                      weight_decay: float | None = None, warmup: float | None = None, clip: float | None = None,
                      seed: int = 0, device=None, progress: bool = False, checkpoint=None,
                      checkpoint_every: int | None = None) -> Alignment:
@@ -375,12 +377,13 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
     weight_decay (AdamW when > 0), warmup (a fraction of the steps before the cosine decay) and
     clip (the gradients' max norm) are the optimiser's. `init`: the starting alignment (default:
     weight matching; for language models, with the token-frequency prior of `data`, see
-    `lf.align(..., token_counts=)`). checkpoint=PATH, checkpoint_every=N: resumable, see `fit_alignments`."""
+    `lf.align(..., token_counts=)`). sides="both": A's elements learn too, from the identity (LMC-DM);
+    the alignment returned still maps B onto A. checkpoint=PATH, checkpoint_every=N: resumable, see `fit_alignments`."""
     given = dict(steps=steps, lr=lr, lam=lam, lambdas_per_step=lambdas_per_step, val_fraction=val_fraction,
                  eval_every=eval_every, patience=patience, target=target, weight_decay=weight_decay, warmup=warmup,
                  clip=clip, augment=None if augment == "preset" else augment)
     check_options({k: v for k, v in given.items() if k != "augment"})  # every setting, before any work
-    check_options(dict(preset=preset, head_map=head_map, learn=learn, temperature=temperature, seed=seed,
+    check_options(dict(preset=preset, head_map=head_map, learn=learn, sides=sides, temperature=temperature, seed=seed,
                        checkpoint_every=checkpoint_every))
     # the augmentation against the target, where the target is known before the preset's evaluation
     _check_augment(augment, target if target is not None else PRESETS.get(preset, {}).get("target"), True)
@@ -409,7 +412,7 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
 
         start, start_name = align_by_weights(model_a, model_b, seed=seed, token_counts=train), "weight+token_prior"
     module = LearnedAlignment(model_a, model_b, "weight" if start is None else start, head_map=head_map, learn=learn,
-                              device=device, seed=seed)
+                              sides=sides, device=device, seed=seed)
     hard, info = fit_alignments(module, train, val, steps=o["steps"], lr=o["lr"], lam=o["lam"],
                                 lambdas_per_step=o["lambdas_per_step"], eval_every=o["eval_every"],
                                 patience=o["patience"], seed=seed, target=o["target"], temperature=temperature,

@@ -106,7 +106,7 @@ def _warm_latents(lat) -> dict:
 
 def _warm_states(module) -> list:
     """The projections' warm-start prices: they pick among tied assignments, so they are state too."""
-    return [{k: warm for k, (warm, _) in _warm_latents(lat).items()} for lat in module.latents]
+    return [{k: warm for k, (warm, _) in _warm_latents(lat).items()} for lat in module.all_latents()]
 
 
 def check_path(path) -> None:
@@ -211,8 +211,8 @@ def _check_latents(module, saved) -> None:
 
 
 def _check_warm(module, saved) -> None:
-    _need(isinstance(saved, list) and len(saved) == len(module.latents), "warm-start prices of another layout")
-    for lat, warm in zip(module.latents, saved):
+    _need(isinstance(saved, list) and len(saved) == len(module.all_latents()), "warm-start prices of another layout")
+    for lat, warm in zip(module.all_latents(), saved):
         layout = _warm_latents(lat)
         _need(isinstance(warm, dict) and set(warm) == set(layout), "warm-start prices of another layout")
         for part, (_, latent) in layout.items():
@@ -336,7 +336,7 @@ def load(path, key: str, module, opt, sched, gen: torch.Generator, limits: dict)
         return None
     device = next(iter(module.state_dict().values())).device
     module.load_state_dict(state["latents"], strict=True)
-    for lat, warm in zip(module.latents, state["warm"]):
+    for lat, warm in zip(module.all_latents(), state["warm"]):
         for part, (mine, _) in _warm_latents(lat).items():
             mine.clear()
             mine.update({k: v.to(device) for k, v in warm[part].items()})

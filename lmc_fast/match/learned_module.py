@@ -25,7 +25,7 @@ from ..models import functional as Fn
 from ..sweep.checks import check_images, check_token_ids, spec_from_params
 from ..symmetry import Alignment, canonical_spec, check_same_arch, model_fingerprint, prepare_params
 from ..symmetry import elements as E
-from .options import LEARN_MODES
+from .options import LEARN_MODES, SIDES
 from .projection import Latents, apply_dense
 
 def mix(w: torch.Tensor, tensors: list) -> torch.Tensor:
@@ -61,10 +61,12 @@ class MixedAlignments(torch.nn.Module):
     require grad; the fixed parameters are non-persistent buffers (they follow `.to()`)."""
 
     def __init__(self, spec, params_list: list, init_elements: list, *, dtype=torch.float32, device="cpu",
-                 learn: str = "all"):
+                 learn: str = "all", sides: str = "b"):
         super().__init__()
         if learn not in LEARN_MODES:
             raise ValueError(f"learn must be one of {LEARN_MODES}, got {learn!r}")
+        if sides not in SIDES:
+            raise ValueError(f"sides must be one of {SIDES}, got {sides!r}")
         if len(init_elements) != len(params_list) - 1:
             raise ValueError(f"need one initial alignment per model after the first: got {len(init_elements)} "
                              f"for {len(params_list)} models")
@@ -76,10 +78,20 @@ class MixedAlignments(torch.nn.Module):
                 self.register_buffer(f"fixed{n}_{i}", p[k].to(device=device, dtype=dtype), persistent=False)
         self.init_elements = init_elements  # where the latents started (`moved_from` reports the way travelled)
         self.latents = torch.nn.ModuleList([Latents(spec, el, dtype).to(device) for el in init_elements])
-        for lat in self.latents:  # the latents `learn` leaves out stay at their initial solution
+        # sides="both": the reference moves too, from the identity. The group acts linearly on the
+        # parameters, so the path sum_n w_n g_n . theta_n is g_0 . (the path with g_0^-1 g_n): the same
+        # paths as one side's, reached along other gradients (`hard_elements` reports g_0^-1 g_n)
+        self.sides = sides
+        self.reference = (Latents(spec, Alignment.identity(spec).elements, dtype).to(device) if sides == "both"
+                          else None)
+        for lat in self.all_latents():  # the latents `learn` leaves out stay at their initial solution
             for block_name, block in lat.blocks.items():
                 for name, p in block.named_parameters():
                     p.requires_grad_(lat.trains(learn, block_name, name))
+
+    def all_latents(self) -> list:
+        """Every model's latents: the reference's first where it moves (sides="both")."""
+        return ([] if self.reference is None else [self.reference]) + list(self.latents)
 
     @property
     def n_models(self) -> int:
@@ -93,7 +105,8 @@ class MixedAlignments(torch.nn.Module):
         """(K, N) mixing weights -> stacked parameters of the K mixtures of the aligned models,
         differentiable in the latents."""
         fixed = self.fixed_params()
-        moved = [fixed[0]] + [apply_dense(self.spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], self.latents)]
+        first = fixed[0] if self.reference is None else apply_dense(self.spec, fixed[0], self.reference.project()[0])
+        moved = [first] + [apply_dense(self.spec, p, lat.project()[0]) for p, lat in zip(fixed[1:], self.latents)]
         return {k: mix(weights, [m[k] for m in moved]) for k in moved[0]}
 
     def mixture_logits(self, inputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -101,10 +114,15 @@ class MixedAlignments(torch.nn.Module):
         return Fn.forward(self.arch, self.mixed_params(weights), inputs)
 
     def hard_elements(self) -> list[dict]:
-        """The current group elements (one dict per model after the first), as projected now.
-        Each projection also warm-starts the next one's assignment (see projection.py)."""
+        """The current group elements (one dict per model after the first, mapping it onto the
+        first as it is stored), as projected now. Each projection also warm-starts the next one's
+        assignment (see projection.py)."""
         with torch.no_grad():
-            return [lat.project()[1] for lat in self.latents]
+            hard = [lat.project()[1] for lat in self.latents]
+            if self.reference is None:
+                return hard
+            back = Alignment(self.spec, self.reference.project()[1]).inverse()
+            return [back.compose(Alignment(self.spec, h)).elements for h in hard]
 
     def check_inputs(self, inputs) -> None:
         """One line when `inputs` do not fit the models (the checks the sweeps make): token ids
@@ -142,11 +160,11 @@ class LearnedAlignment(MixedAlignments):
     (1 - lam) theta_A + lam g . theta_B (lam a number: logits of that model; K numbers: logits
     with a leading K axis); `alignment()` returns the hard Alignment, which `apply(model_b)`
     like any other. `learn` ("all" | "continuous" | "residual" | "permutations" | "heads" | "mlp" | "no_residual") picks the latents
-    that train.
+    that train; `sides="both"` trains A's elements too (from the identity; `alignment()` still maps B onto A).
     The two models are read once, here; they are neither trained nor held as submodules."""
 
     def __init__(self, model_a, model_b, init="weight", *, head_map: str = "orthogonal", learn: str = "all",
-                 dtype=torch.float32, device=None, seed: int = 0):
+                 sides: str = "b", dtype=torch.float32, device=None, seed: int = 0):
         from ..models.adapters import adapter_for, check_compatible
         from ..models.resize import widen_mlp_to
 
@@ -160,7 +178,7 @@ class LearnedAlignment(MixedAlignments):
         init_al, init_name = self._initial(init, spec, model_a, model_b_wide, seed)
         device = device if device is not None else next(model_a.parameters()).device
         super().__init__(spec, [prepare_params(spec, arch_a, raw_a), prepare_params(spec, arch_b, raw_b)],
-                         [init_al.elements], dtype=dtype, device=device, learn=learn)
+                         [init_al.elements], dtype=dtype, device=device, learn=learn, sides=sides)
         self.init = init_name
         self._fingerprints = fingerprints
         self._model_b = (model_b,)  # in a tuple: not registered as a submodule, so its weights are not parameters
@@ -196,7 +214,8 @@ class LearnedAlignment(MixedAlignments):
 
     def alignment(self, info: dict | None = None) -> Alignment:
         """The hard alignment the latents project to now, snapped exactly onto its groups."""
-        meta = {"method": "learned", "init": self.init, "learn": self.learn, **self._fingerprints, **(info or {})}
+        meta = {"method": "learned", "init": self.init, "learn": self.learn, "sides": self.sides, **self._fingerprints,
+                **(info or {})}
         return exact_alignment(self.spec, self.hard_elements()[0], meta)
 
     def aligned_model(self):

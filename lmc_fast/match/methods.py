@@ -62,7 +62,7 @@ class Method:
 
 _SOLVER = ("seed", "max_iter", "tol", "order", "weighting")
 _LEARNED = ("preset", "steps", "lr", "lam", "lambdas_per_step", "val_fraction", "eval_every", "patience", "head_map",
-            "learn", "target", "temperature", "augment", "weight_decay", "warmup", "clip", "seed")
+            "learn", "sides", "target", "temperature", "augment", "weight_decay", "warmup", "clip", "seed")
 _ALL = (
     Method("none", False, "raw", "raw parameters, no alignment (the baseline every paper reports)"),
     Method("permutation", False, "raw",

@@ -21,6 +21,9 @@ TARGETS = ("labels", "endpoints")
 #: which latents learned matching trains: every one; the maps (residual rotation, per-head maps); the
 #: residual's alone; the permutations; one family of groups (the heads, the MLP units); all but the residual
 LEARN_MODES = ("all", "continuous", "residual", "permutations", "heads", "mlp", "no_residual")
+#: whose elements learned matching trains: B's alone (A is the fixed reference), or both models' (A's
+#: latents start at the identity; LMC-DM's shared path)
+SIDES = ("b", "both")
 PRESET_NAMES = ("default", "paper", "distill")
 #: most steps / iterations one run takes (past this it is a typo, and a grid would run for weeks)
 MAX_STEPS = 10_000_000
@@ -118,6 +121,7 @@ CHECKS = {
     "patience": _int(1, none=True),
     "head_map": _choice(HEAD_MAPS),
     "learn": _choice(LEARN_MODES),
+    "sides": _choice(SIDES),
     "target": _choice(TARGETS, none=True),
     "temperature": _real(0.0, lo_open=True),
     "weight_decay": _real(0.0, 1.0, hi_open=True, none=True),
@@ -142,5 +146,5 @@ def check_options(options: dict, prefix: str = "") -> dict:
     return {k: check_option(k, v, prefix + k) for k, v in options.items()}
 
 
-__all__ = ["CHECKS", "HEAD_MAPS", "LAMBDA_MODES", "LEARN_MODES", "ORDERS", "PRESET_NAMES", "TARGETS", "WEIGHTINGS",
-           "check_option", "check_options"]
+__all__ = ["CHECKS", "HEAD_MAPS", "LAMBDA_MODES", "LEARN_MODES", "ORDERS", "PRESET_NAMES", "SIDES", "TARGETS",
+           "WEIGHTINGS", "check_option", "check_options"]
