@@ -1,0 +1,52 @@
+"""The study grids that bench/learned_subsets.py and bench/learned_budget.py derive from Table 1's specs
+are valid grid specs that change only what the study varies (TOML written, read back, parsed)."""
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from lmc_fast.grid.spec import parse_spec
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import learned_budget  # noqa: E402
+import learned_subsets  # noqa: E402
+
+SETTINGS = sorted(learned_subsets.SETTINGS)
+
+
+def _table1(setting: str) -> dict:
+    return tomllib.loads((BENCH / "grids" / f"table1_{setting}.toml").read_text())
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_subset_grid_keeps_table1_models_data_and_learned_settings(setting):
+    spec = learned_subsets.derived_spec(setting)
+    back = tomllib.loads(learned_subsets.to_toml(spec))
+    assert back == spec
+    grid = parse_spec(back)
+    t1 = _table1(setting)
+    assert back["data"] == t1["data"] and back["models"] == t1["models"] and "simplex" not in back
+    assert list(grid.methods) == learned_subsets.METHODS
+    learned = {k: v for k, v in t1["methods"]["learned"].items()}
+    for name, mode in learned_subsets.SUBSETS.items():
+        opts = {k: v for k, v in back["methods"][name].items() if k not in ("method", "learn")}
+        assert opts == learned and back["methods"][name]["learn"] == mode, name
+    assert back["methods"][learned_subsets.BOTH]["sides"] == "both"
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_budget_grid_varies_steps_and_keeps_the_training_examples(setting):
+    t1 = _table1(setting)
+    spec = learned_budget.derived_spec(setting, [100, 1000], batch=16, lr=0.02)
+    back = tomllib.loads(learned_budget.to_toml(spec))
+    parse_spec(back)
+    assert list(back["methods"]) == ["learned-100-b16-lr0p02", "learned-1000-b16-lr0p02"]
+    assert [m["steps"] for m in back["methods"].values()] == [100, 1000]
+    assert all(m["lr"] == 0.02 and m["eval_every"] == max(10, m["steps"] // 10) for m in back["methods"].values())
+    old_batch = t1["data"].get("match_batch_size", 64)
+    if "match_max_batches" in t1["data"]:  # the same examples in smaller batches
+        assert back["data"]["match_max_batches"] * 16 == t1["data"]["match_max_batches"] * old_batch
+    plain = learned_budget.derived_spec(setting, [300], None, None)
+    assert plain["data"] == t1["data"] and plain["methods"]["learned-300"]["lr"] == t1["methods"]["learned"]["lr"]
