@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402
-from learned_subsets import GRIDS, RESULTS, SETTINGS, _fmt, _stats, read_grid, to_toml  # noqa: E402
+from learned_subsets import GRIDS, RESULTS, SETTINGS, _fmt, _stats, cpu_capability, read_grid, to_toml  # noqa: E402
 
 GOAL = 0.02
 BUDGET_SECONDS = 60.0
@@ -73,7 +73,8 @@ def summarise(folder: Path) -> dict:
 def markdown(results: dict) -> str:
     out = [f"Learned matching per budget: test loss barrier and seconds of one core per pair, median [min, max] "
            f"(goal: median <= {GOAL} within {BUDGET_SECONDS:.0f} s):", "",
-           "| setting | run | pairs | steps taken | seconds | barrier | goal met |", "|---|---|---:|---:|---:|---:|---|"]
+           "| setting | run | pairs | steps taken | seconds | barrier | goal met |",
+           "|---|---|---:|---:|---:|---:|---|"]
     for setting, rows in results.items():
         for method, r in sorted(rows.items(), key=lambda kv: kv[1]["seconds"]["median"]):
             met = r["barrier"]["median"] <= GOAL
@@ -131,7 +132,8 @@ def main():
         setting, _, folder = g.partition("=")
         results.setdefault(setting, {}).update(summarise(Path(folder)))
     out = Path(args.out)
-    record = {"kind": "learned_budget", "machine": cpu_model(), "load_average": os.getloadavg(), "goal": GOAL,
+    record = {"kind": "learned_budget", "machine": cpu_model(), "cpu_capability": cpu_capability(),
+              "grids": args.grids, "load_average": os.getloadavg(), "goal": GOAL,
               "budget_seconds": BUDGET_SECONDS, "settings": results}
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results))

@@ -25,8 +25,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402
+
+def cpu_capability() -> str:
+    """The kernels torch's CPU ops run here ("AVX2", "AVX512", ...)."""
+    return torch.backends.cpu.get_cpu_capability()
+
 
 GRIDS = Path(__file__).resolve().parent / "grids"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -199,9 +206,9 @@ def main():
     for g in args.grids:
         setting, _, folder = g.partition("=")
         rows[setting] = summarise(setting, Path(folder))
-    grid_meta = {s: json.loads((Path(f.partition("=")[2]) / "grid.json").read_text()).get("machine")
-                 for s, f in zip(rows, args.grids)}
-    result = {"kind": "learned_subsets", "machine": cpu_model(), "grid_machines": grid_meta,
+    # the grids ran here: models trained on another instruction set differ (training is not bit-identical)
+    result = {"kind": "learned_subsets", "machine": cpu_model(), "cpu_capability": cpu_capability(),
+              "grids": {s: f.partition("=")[2] for s, f in zip(rows, args.grids)},
               "load_average": os.getloadavg(), "subsets": SUBSETS, "settings": rows}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
