@@ -53,7 +53,7 @@ def derived_spec(setting: str) -> dict:
     spec = tomllib.loads((GRIDS / f"table1_{setting}.toml").read_text())
     learned = dict(spec["methods"]["learned"])
     learned.pop("method", None)
-    spec["grid"]["methods"] = METHODS
+    spec["grid"]["methods"] = list(METHODS)
     spec["methods"] = {name: {**({"method": "learned"} if name != "learned" else {}), **learned, "learn": mode}
                        for name, mode in SUBSETS.items()}
     spec["methods"][BOTH] = {"method": "learned", **learned, "learn": "all", "sides": "both"}
@@ -100,10 +100,13 @@ def _fmt(s: dict | None, digits: int = 3) -> str:
 
 
 def read_grid(folder: Path) -> dict:
-    """{method: {pair: unit record}} from a grid's results.jsonl (pair units only)."""
+    """{method: {pair: unit record}} from a grid's unit records (pair units only): its units/ folder while
+    it runs or after a kill, else its results.jsonl (what bench/results keeps)."""
     out: dict = {}
-    for line in (folder / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    units = sorted((folder / "units").glob("*.json")) if (folder / "units").is_dir() else []
+    records = ([json.loads(u.read_text()) for u in units] if units
+               else [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()])
+    for r in records:
         if r.get("pair") is not None:
             out.setdefault(r["method"], {})[tuple(r["pair"])] = r
     return out
@@ -111,11 +114,12 @@ def read_grid(folder: Path) -> dict:
 
 def summarise(setting: str, folder: Path) -> dict:
     units = read_grid(folder)
-    required = REFERENCES + list(SUBSETS)  # the two-sided runs are reported where they are finished
+    required = REFERENCES + ["learned"]  # the other runs are reported where every pair has them
     pairs = sorted(set.intersection(*(set(units.get(m, {})) for m in required)))
     if not pairs:
-        raise SystemExit(f"{folder}: no pair has every method yet")
-    present = required + ([BOTH] if all(p in units.get(BOTH, {}) for p in pairs) else [])
+        raise SystemExit(f"{folder}: no pair has {', '.join(required)} yet")
+    present = required + [m for m in [*SUBSETS, BOTH]
+                          if m not in required and all(p in units.get(m, {}) for p in pairs)]
     row = {"pairs": [list(p) for p in pairs], "barrier": {}, "seconds": {}, "moved": {}, "below_all": {}}
     for m in present:
         row["barrier"][m] = _stats([units[m][p]["barrier"] for p in pairs])
@@ -146,19 +150,23 @@ def verdict(row: dict) -> str:
     """Two sentences, one per claim of the paper's authors, each 'held' or 'not held' by the numbers."""
     b = {m: row["barrier"][m]["median"] for m in row["barrier"]}
     gap = b["weight"] - b["learned"]
-    closed = {m: (b["weight"] - b[m]) / gap if gap > 0 else float("nan") for m in SUBSETS}
+    closed = {m: (b["weight"] - b[m]) / gap if gap > 0 else float("nan") for m in SUBSETS if m in b}
     others = {f"{family} {key}": st["median"] for family, keys in row["moved"].items() if family != "residual"
               for key, st in keys.items()}
     biggest = max(others, key=others.get)
     only = all(v < STILL for v in others.values())
+    first = (f"only the residual moves: {'held' if only else 'not held'} (the residual's map changes by "
+             f"{row['moved']['residual']['matrix']['median']:.2f}; the largest other change is {biggest}, "
+             f"{others[biggest]:.3f})")
+    if "learned-residual" not in closed:
+        return first + ". The residual is the key: not measured on every pair"
     key = closed["learned-residual"] >= KEY_SHARE
-    return (f"only the residual moves: {'held' if only else 'not held'} (the residual's map changes by "
-            f"{row['moved']['residual']['matrix']['median']:.2f}; the largest other change is {biggest}, "
-            f"{others[biggest]:.3f}). The residual is the key: {'held' if key else 'not held'} (learning it alone "
-            f"closes {closed['learned-residual']:.0%} of the weight-to-learned gap, barrier "
-            f"{b['learned-residual']:.3f} against {b['learned']:.3f}; all but the residual "
-            f"{closed['learned-no-residual']:.0%}, heads alone {closed['learned-heads']:.0%}, "
-            f"MLP alone {closed['learned-mlp']:.0%})")
+    rest = ", ".join(f"{label} {closed[m]:.0%}" for m, label in (
+        ("learned-no-residual", "all but the residual"), ("learned-heads", "heads alone"), ("learned-mlp", "MLP alone"))
+        if m in closed)
+    return (first + f". The residual is the key: {'held' if key else 'not held'} (learning it alone closes "
+            f"{closed['learned-residual']:.0%} of the weight-to-learned gap, barrier {b['learned-residual']:.3f} "
+            f"against {b['learned']:.3f}; {rest})")
 
 
 def markdown(rows: dict) -> str:
