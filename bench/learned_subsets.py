@@ -44,8 +44,11 @@ SUBSETS = {"learned": "all", "learned-residual": "residual", "learned-heads": "h
            "learned-no-residual": "no_residual"}
 #: both models' elements learn (LMC-DM), every group, the same steps: compared with "learned"
 BOTH = "learned-both"
+#: one side at twice the learning rate: two latents composed move the alignment about twice as far per
+#: Adam step, so this is the control for "both sides learn better"
+DOUBLE_LR = "learned-lr2x"
 REFERENCES = ["none", "weight"]
-METHODS = REFERENCES + list(SUBSETS) + [BOTH]
+METHODS = REFERENCES + list(SUBSETS) + [BOTH, DOUBLE_LR]
 
 
 def derived_spec(setting: str) -> dict:
@@ -57,6 +60,7 @@ def derived_spec(setting: str) -> dict:
     spec["methods"] = {name: {**({"method": "learned"} if name != "learned" else {}), **learned, "learn": mode}
                        for name, mode in SUBSETS.items()}
     spec["methods"][BOTH] = {"method": "learned", **learned, "learn": "all", "sides": "both"}
+    spec["methods"][DOUBLE_LR] = {"method": "learned", **learned, "learn": "all", "lr": 2 * learned["lr"]}
     spec.pop("simplex", None)
     return spec
 
@@ -118,7 +122,7 @@ def summarise(setting: str, folder: Path) -> dict:
     pairs = sorted(set.intersection(*(set(units.get(m, {})) for m in required)))
     if not pairs:
         raise SystemExit(f"{folder}: no pair has {', '.join(required)} yet")
-    present = required + [m for m in [*SUBSETS, BOTH]
+    present = required + [m for m in [*SUBSETS, BOTH, DOUBLE_LR]
                           if m not in required and all(p in units.get(m, {}) for p in pairs)]
     row = {"pairs": [list(p) for p in pairs], "barrier": {}, "seconds": {}, "moved": {}, "below_all": {}}
     for m in present:

@@ -34,6 +34,7 @@ def test_subset_grid_keeps_table1_models_data_and_learned_settings(setting):
         opts = {k: v for k, v in back["methods"][name].items() if k not in ("method", "learn")}
         assert opts == learned and back["methods"][name]["learn"] == mode, name
     assert back["methods"][learned_subsets.BOTH]["sides"] == "both"
+    assert back["methods"][learned_subsets.DOUBLE_LR]["lr"] == 2 * learned["lr"]
     spec["grid"]["methods"].pop()  # trimming one derived spec leaves the next whole
     assert learned_subsets.derived_spec(setting)["grid"]["methods"] == learned_subsets.METHODS
 
