@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402
-from learned_subsets import GRIDS, RESULTS, SETTINGS, _fmt, _stats, cpu_capability, read_grid, to_toml  # noqa: E402
+from learned_subsets import (GRIDS, RESULTS, SETTINGS, _fmt, _stats, cpu_capability, read_grid,  # noqa: E402
+                             solve_seconds, to_toml)
 
 GOAL = 0.02
 BUDGET_SECONDS = 60.0
@@ -64,7 +65,7 @@ def summarise(folder: Path) -> dict:
         recs = [by_pair[p] for p in pairs]
         rows[method] = {"pairs": [list(p) for p in pairs], "steps": recs[0]["options"]["steps"],
                         "barrier": _stats([r["barrier"] for r in recs]),
-                        "seconds": _stats([r["seconds"]["solve"] for r in recs]),
+                        "seconds": _stats([solve_seconds(r) for r in recs]),
                         "steps_taken": _stats([r["info"]["steps"] for r in recs]),
                         "val_history": [r["info"]["val_history"] for r in recs]}
     return rows
