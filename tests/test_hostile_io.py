@@ -294,15 +294,17 @@ def test_signal_during_write_removes_temp_and_keeps_old(tmp_path, monkeypatch, s
 
     monkeypatch.setattr(safetensors.torch, "save_file", write_then_signal)
     got = []
-    previous = signal.signal(signal.SIGTERM, lambda s, f: got.append(s)) if sig == "SIGTERM" else None
+    # SIGTERM: the program's own handler; SIGINT: Python's default one, set here because a process started
+    # in the background by a shell inherits SIGINT ignored (and an ignored signal rightly interrupts nothing)
+    own = (lambda s, f: got.append(s)) if sig == "SIGTERM" else signal.default_int_handler
+    previous = signal.signal(signum, own)
     handler_before = signal.getsignal(signum)
     try:
         with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else InterruptedError):
             save_model(tiny_vit(seed=1), tmp_path / "c", metadata={"v": "new"})
         assert signal.getsignal(signum) is handler_before  # the program's own handler is back
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
     assert got == ([signal.SIGTERM] if sig == "SIGTERM" else [])  # delivered once, after the cleanup
     assert snapshot(tmp_path) == before and not leftovers(tmp_path)
 
