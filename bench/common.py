@@ -120,3 +120,30 @@ def print_table(records: list[dict]) -> None:
     for r in records:
         print(f"{r['name']:<34} {r['dtype']:<8} {json.dumps(r['sizes']):<24} "
               f"{r['baseline_s']:>11.5f} {r['ours_s']:>10.5f} {r['speedup']:>7.2f}x")
+
+
+#: Table 1's disjoint pairs of seeds
+TABLE1_PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
+
+
+def setting_arguments(description: str, default_out: str):
+    """The pair benches' command line: --setting RECIPE=MODELS (repeatable) and --out; one torch thread."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--setting", action="append", required=True, metavar="RECIPE=MODELS",
+                   help="a recipe name and the folder of its seedN models (repeatable)")
+    p.add_argument("--out", default=str(RESULTS / default_out))
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    return args
+
+
+def setting_pairs(setting: str, pairs=TABLE1_PAIRS):
+    """RECIPE=MODELS -> (recipe name, seeds, model a, model b) for each pair of the folder's seedN models."""
+    from lmc_fast.io import load_model
+
+    name, _, folder = setting.partition("=")
+    for seeds in pairs:
+        a, b = (load_model(Path(folder) / f"seed{s}") for s in seeds)
+        yield name, seeds, a, b

@@ -13,7 +13,6 @@ Writes bench/results/permutation_baseline.json; prints per pair and median [min,
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,19 +22,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model  # noqa: E402
+from common import TABLE1_PAIRS, cpu_model, setting_arguments, setting_pairs  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
 from lmc_fast.data import loader  # noqa: E402
 from lmc_fast.data.masked import for_task  # noqa: E402
-from lmc_fast.io import load_model  # noqa: E402
 from lmc_fast.match.pair import params_pair, solved_alignment  # noqa: E402
 from lmc_fast.match.weight import weight_matching  # noqa: E402
 from lmc_fast.models.adapters import adapter_for  # noqa: E402
 from lmc_fast.recipes import recipe  # noqa: E402
 from lmc_fast.sweep.metrics import task_of  # noqa: E402
 
-PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 SEEDS = (0, 1, 2, 3, 4)
 
 
@@ -60,17 +57,11 @@ def _stats(values) -> dict:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--setting", action="append", required=True, metavar="RECIPE=MODELS")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "permutation_baseline.json"))
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    args = setting_arguments(__doc__.splitlines()[0], "permutation_baseline.json")
     records, summary = [], {}
     for setting in args.setting:
-        name, _, folder = setting.partition("=")
         rows = []
-        for seeds in PAIRS:
-            a, b = (load_model(Path(folder) / f"seed{s}") for s in seeds)
+        for name, seeds, a, b in setting_pairs(setting, TABLE1_PAIRS):
             data = test_batches(name, a)
             spec, pa, pb = params_pair(a, b, "raw", heads=True, dtype=torch.float64)
             ours = run(spec, pa, pb, a, b, data, order="structured")

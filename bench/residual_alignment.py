@@ -9,7 +9,6 @@ Writes bench/results/residual_alignment.json and prints per pair and median [min
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,12 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adaptive_lambdas import PAIRS, test_batches  # noqa: E402
-from common import cpu_model  # noqa: E402
+from common import cpu_model, setting_arguments, setting_pairs  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
 from lmc_fast.data import loader  # noqa: E402
 from lmc_fast.data.masked import for_task  # noqa: E402
-from lmc_fast.io import load_model  # noqa: E402
 from lmc_fast.models.adapters import adapter_for  # noqa: E402
 from lmc_fast.recipes import recipe  # noqa: E402
 from lmc_fast.sweep.metrics import task_of  # noqa: E402
@@ -47,17 +45,11 @@ def train_batches(name: str, model, n: int = 8) -> list:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--setting", action="append", required=True, metavar="RECIPE=MODELS")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "residual_alignment.json"))
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    args = setting_arguments(__doc__.splitlines()[0], "residual_alignment.json")
     records, summary = [], {}
     for setting in args.setting:
-        name, _, folder = setting.partition("=")
         rows = []
-        for seeds in PAIRS:
-            a, b = (load_model(Path(folder) / f"seed{s}") for s in seeds)
+        for name, seeds, a, b in setting_pairs(setting, PAIRS):
             test, train = test_batches(name, a), train_batches(name, a)
             rec = {"setting": name, "seeds": list(seeds)}
             for variant, (method, opts) in VARIANTS.items():
