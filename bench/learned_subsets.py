@@ -176,7 +176,7 @@ def verdict(row: dict) -> str:
         if m in closed)
     return (first + f". The residual is the key: {'held' if key else 'not held'} (learning it alone closes "
             f"{closed['learned-residual']:.0%} of the weight-to-learned gap, barrier {b['learned-residual']:.3f} "
-            f"against {b['learned']:.3f}; {rest})")
+            f"against {b['learned']:.3f}" + (f"; {rest})" if rest else ")"))
 
 
 def markdown(rows: dict) -> str:
