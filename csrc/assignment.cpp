@@ -11,10 +11,26 @@ namespace lmc {
 
 namespace {
 
+// The caller's scores read in place as double costs (negated when maximising): no n x m copy.
+template <typename T>
+struct Costs {
+  const T* c;
+  int64_t m;
+  double sign;
+  struct Row {
+    const T* r;
+    double sign;
+    double operator[](int64_t j) const { return sign * static_cast<double>(r[j]); }
+  };
+  Row operator+(int64_t offset) const { return Row{c + offset, sign}; }
+  double operator[](int64_t k) const { return sign * static_cast<double>(c[k]); }
+};
+
 // Shortest augmenting path from free row f; updates x (row->col), y (col->row), v.
-void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y, double* v,
+template <typename C>
+void augment_from(const C& c, int64_t m, int64_t f, int64_t* x, int64_t* y, double* v,
                   double* d, int64_t* pred, int64_t* collist) {
-  const double* cf = c + f * m;
+  const auto cf = c + f * m;
   for (int64_t j = 0; j < m; ++j) {
     d[j] = cf[j] - v[j];
     pred[j] = f;
@@ -52,7 +68,7 @@ void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y,
       // Scan one column at the minimum distance: relax through its row.
       const int64_t j1 = collist[low++];
       const int64_t i = y[j1];
-      const double* ci = c + i * m;
+      const auto ci = c + i * m;
       const double h = ci[j1] - v[j1] - mn;
       for (int64_t k = up; k < m; ++k) {
         const int64_t j = collist[k];
@@ -92,11 +108,12 @@ void augment_from(const double* c, int64_t m, int64_t f, int64_t* x, int64_t* y,
 // Each row in order takes its cheapest column under prices v (zero when v is null) if that
 // column is still free; the others are appended to freerows. Rows end at an argmin of
 // c_ij - v_j, so the implicit row prices u_i = min_j (c_ij - v_j) stay dual feasible.
-int64_t take_row_minima(const double* c, int64_t n, int64_t m, const double* v, int64_t* x,
+template <typename C>
+int64_t take_row_minima(const C& c, int64_t n, int64_t m, const double* v, int64_t* x,
                         int64_t* y, int64_t* freerows) {
   int64_t numfree = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double* ci = c + i * m;
+    const auto ci = c + i * m;
     double best = ci[0] - (v ? v[0] : 0.0);
     int64_t j1 = 0;
     for (int64_t j = 1; j < m; ++j) {
@@ -116,10 +133,10 @@ int64_t take_row_minima(const double* c, int64_t n, int64_t m, const double* v, 
   return numfree;
 }
 
-}  // namespace
 
-void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work,
-               int64_t* iwork, int init_level, const double* v_init, double* v_out) {
+template <typename C>
+void lap_run(const C& c, int64_t n, int64_t m, int64_t* col, double* work, int64_t* iwork, int init_level,
+             const double* v_init, double* v_out) {
   double* v = work;            // m
   double* d = work + m;        // m
   double* vmin = work + 2 * m; // m (column reduction)
@@ -160,7 +177,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
       argmin[j] = 0;
     }
     for (int64_t i = 1; i < n; ++i) {
-      const double* ci = c + i * m;
+      const auto ci = c + i * m;
       for (int64_t j = 0; j < m; ++j)
         if (ci[j] < vmin[j]) {
           vmin[j] = ci[j];
@@ -192,7 +209,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
         freerows[numfree++] = i;
       } else if (matches[i] == 1) {
         const int64_t j1 = x[i];
-        const double* ci = c + i * m;
+        const auto ci = c + i * m;
         double mu = std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < m; ++j)
           if (j != j1) mu = std::min(mu, ci[j] - v[j]);
@@ -223,7 +240,7 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
       const int64_t guard_max = 100 * n + 1000;
       while (k < prvnumfree) {
         const int64_t i = freerows[k++];
-        const double* ci = c + i * m;
+        const auto ci = c + i * m;
         double umin = ci[0] - v[0], usubmin = std::numeric_limits<double>::infinity();
         int64_t j1 = 0, j2 = -1;
         for (int64_t j = 1; j < m; ++j) {
@@ -267,5 +284,18 @@ void lap_solve(const double* c, int64_t n, int64_t m, int64_t* col, double* work
   if (v_out != nullptr)
     for (int64_t j = 0; j < m; ++j) v_out[j] = v[j];
 }
+
+}  // namespace
+
+template <typename T>
+void lap_solve(const T* cost, bool maximize, int64_t n, int64_t m, int64_t* col, double* work,
+               int64_t* iwork, int init_level, const double* v_init, double* v_out) {
+  lap_run(Costs<T>{cost, m, maximize ? -1.0 : 1.0}, n, m, col, work, iwork, init_level, v_init, v_out);
+}
+
+template void lap_solve<float>(const float*, bool, int64_t, int64_t, int64_t*, double*, int64_t*, int,
+                               const double*, double*);
+template void lap_solve<double>(const double*, bool, int64_t, int64_t, int64_t*, double*, int64_t*, int,
+                                const double*, double*);
 
 }  // namespace lmc

@@ -156,7 +156,6 @@ py::object lap_impl(py::array arr, bool maximize, int num_threads, int init_leve
 #pragma omp parallel num_threads(nt)
 #endif
     {
-      std::vector<double> cost((size_t)n * m);
       std::vector<double> work(4 * m + 8);
       std::vector<int64_t> iwork(5 * m + n + 8);
 #ifdef LMC_FAST_OPENMP
@@ -164,13 +163,8 @@ py::object lap_impl(py::array arr, bool maximize, int num_threads, int init_leve
 #endif
       for (int64_t b = 0; b < B; ++b) {
         const T* cb = src + (size_t)b * n * m;
-        bool finite = true;
-        const double sign = maximize ? -1.0 : 1.0;
-        for (size_t k = 0; k < (size_t)n * m; ++k) {
-          const double val = sign * (double)cb[k];
-          finite &= std::isfinite(val);
-          cost[k] = val;
-        }
+        bool finite = true;  // the solver reads the scores in place: checked first, not copied
+        for (size_t k = 0; k < (size_t)n * m; ++k) finite &= std::isfinite(static_cast<double>(cb[k]));
         const double* vb = vin ? vin + (size_t)b * m : nullptr;
         for (int64_t j = 0; vb && j < m; ++j) finite &= std::isfinite(vb[j]);
         if (!finite) {
@@ -180,7 +174,7 @@ py::object lap_impl(py::array arr, bool maximize, int num_threads, int init_leve
           bad = true;
           continue;
         }
-        lmc::lap_solve(cost.data(), n, m, dst + (size_t)b * n, work.data(), iwork.data(), init_level,
+        lmc::lap_solve(cb, maximize, n, m, dst + (size_t)b * n, work.data(), iwork.data(), init_level,
                        vb, vout ? vout + (size_t)b * m : nullptr);
       }
     }

@@ -32,7 +32,9 @@ class PermutationMatcher(Matcher):
     def solve(self, groups, stats, *, warm=None, key=None, current=None) -> list[dict]:
         if current is not None:  # permutations frozen
             return list(current)
-        perms = solve.solve_permutations(torch.stack(stats), warm, key)
+        # one group (a layer's MLP, solved alone when streamed): a view, not a copy of its n x n scores
+        Cs = stats[0].unsqueeze(0) if len(stats) == 1 else torch.stack(stats)
+        perms = solve.solve_permutations(Cs, warm, key)
         return [{"perm": p} for p in perms]
 
     def value(self, group, stat, element) -> float:
