@@ -115,6 +115,16 @@ def write_results(stem: str, records: list[dict], device="cpu", out=None) -> Pat
     return path
 
 
+def write_study(out, record: dict, table: str) -> Path:
+    """A study's record as OUT.json and its table as OUT.md (the table printed too); returns OUT."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    return out
+
+
 def print_table(records: list[dict]) -> None:
     print(f"{'name':<34} {'dtype':<8} {'sizes':<24} {'baseline_s':>11} {'ours_s':>10} {'speedup':>8}")
     for r in records:

@@ -15,14 +15,13 @@ pairs, within 60 s of one core per pair.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model  # noqa: E402
+from common import cpu_model, write_study  # noqa: E402
 from learned_subsets import (GRIDS, RESULTS, SETTINGS, _fmt, _stats, cpu_capability, read_grid,  # noqa: E402
                              solve_seconds, to_toml)
 
@@ -131,14 +130,11 @@ def main():
     for g in args.grids:
         setting, _, folder = g.partition("=")
         results.setdefault(setting, {}).update(summarise(Path(folder)))
-    out = Path(args.out)
     record = {"kind": "learned_budget", "machine": cpu_model(), "cpu_capability": cpu_capability(),
               "grids": args.grids, "load_average": os.getloadavg(), "goal": GOAL,
               "budget_seconds": BUDGET_SECONDS, "settings": results}
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results))
+    out = write_study(args.out, record, markdown(results))
     plot(results, out.with_suffix(".png"))
-    print(markdown(results))
     print(f"-> {out}.json, {out}.md, {out}.png")
 
 

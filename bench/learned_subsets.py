@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model  # noqa: E402
+from common import cpu_model, write_study  # noqa: E402
 
 def cpu_capability() -> str:
     """The kernels torch's CPU ops run here ("AVX2", "AVX512", ...)."""
@@ -228,10 +228,7 @@ def main():
     result = {"kind": "learned_subsets", "machine": cpu_model(), "cpu_capability": cpu_capability(),
               "grids": {s: f.partition("=")[2] for s, f in zip(rows, args.grids)},
               "load_average": os.getloadavg(), "subsets": SUBSETS, "settings": rows}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(rows))
-    print(markdown(rows))
+    out = write_study(args.out, result, markdown(rows))
     print(f"-> {out}.json, {out}.md")
 
 
