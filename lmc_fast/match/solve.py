@@ -21,11 +21,12 @@ def flat(W: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 def axes_correlation(group: Group, pa: dict, pb: dict) -> torch.Tensor:
-    """C = sum over the group's axes of A_(axis) B_(axis)^T, (n, n)."""
+    """C = sum over the group's axes of A_(axis) B_(axis)^T, (n, n), accumulated in place: at a 7B MLP
+    width C is 0.8 GB in float32, and `C + term` would hold three of them."""
     C = None
     for ax in group.axes:
-        term = flat(pa[ax.param], ax.axis) @ flat(pb[ax.param], ax.axis).T
-        C = term if C is None else C + term
+        a, b = flat(pa[ax.param], ax.axis), flat(pb[ax.param], ax.axis)
+        C = a @ b.T if C is None else C.addmm_(a, b.T)
     return C
 
 

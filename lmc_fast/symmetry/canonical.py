@@ -94,8 +94,8 @@ def canonical_params(arch: Arch, params: dict[str, torch.Tensor], dtype=torch.fl
         for l in range(arch.n_layer):
             if partial and f"blocks.{l}.mlp.fc1.weight" not in p:
                 continue
-            for name, value in balanced_units(p, f"blocks.{l}.mlp.").items():
-                store(name, value)
+            for name, make in balanced_units(p, f"blocks.{l}.mlp.").items():
+                store(name, make())
     if arch.mamba:  # after the norms fold into in_x: channel and state scales, dt's factorisation (mamba.py)
         for l in range(arch.n_layer):
             if partial and f"blocks.{l}.mamba.in_x.weight" not in p:
@@ -143,20 +143,20 @@ def _check_closed(arch: Arch, p: dict) -> None:
 
 
 def balanced_units(p: dict, prefix: str) -> dict:
-    """fc1 (rows and bias) and fc2 (columns) of one gated MLP with each unit's scale balanced, in float64.
-    A unit with a zero side (a zero-padded unit) keeps s = 1."""
-    up = p[prefix + "fc1.weight"].to(torch.float64)
-    bias = p.get(prefix + "fc1.bias")
-    bias = None if bias is None else bias.to(torch.float64)
-    down = p[prefix + "fc2.weight"].to(torch.float64)
-    up_sq = up.pow(2).sum(1) + (0.0 if bias is None else bias.pow(2))
-    down_norm = down.norm(dim=0)
+    """fc1 (rows and bias) and fc2 (columns) of one gated MLP with each unit's scale balanced, in float64:
+    {name: a function making it}, so that the caller stores each (in its dtype) before the next is made:
+    at a 7B model's width one float64 copy is 0.47 GB. A unit with a zero side (a zero-padded unit) keeps s = 1."""
+    d64 = lambda name: p[name].to(torch.float64)  # noqa: E731 - one tensor's float64 working copy
+    has_bias = prefix + "fc1.bias" in p
+    up_sq = d64(prefix + "fc1.weight").pow(2).sum(1) + (d64(prefix + "fc1.bias").pow(2) if has_bias else 0.0)
+    down_norm = d64(prefix + "fc2.weight").norm(dim=0)
     up_norm = up_sq.sqrt()
     live = (up_norm > 0) & (down_norm > 0)
     s = torch.where(live, (down_norm / torch.where(live, up_norm, 1.0)).sqrt(), torch.ones_like(up_norm))
-    out = {prefix + "fc1.weight": up * s[:, None], prefix + "fc2.weight": down / s[None, :]}
-    if bias is not None:
-        out[prefix + "fc1.bias"] = bias * s
+    out = {prefix + "fc1.weight": lambda: d64(prefix + "fc1.weight") * s[:, None],
+           prefix + "fc2.weight": lambda: d64(prefix + "fc2.weight") / s[None, :]}
+    if has_bias:
+        out[prefix + "fc1.bias"] = lambda: d64(prefix + "fc1.bias") * s
     return out
 
 
