@@ -53,3 +53,29 @@ def test_budget_grid_varies_steps_and_keeps_the_training_examples(setting):
         assert back["data"]["match_max_batches"] * 16 == t1["data"]["match_max_batches"] * old_batch
     plain = learned_budget.derived_spec(setting, [300], None, None)
     assert plain["data"] == t1["data"] and plain["methods"]["learned-300"]["lr"] == t1["methods"]["learned"]["lr"]
+
+
+def test_authors_code_reads_pairs_and_exports_our_gpt2_exactly(tmp_path):
+    """bench/authors_code.py: --pairs parsed or refused in one line; our GPT-2 written as a Hugging Face
+    folder that GPT2LMHeadModel reads back with our logits (what their code is given)."""
+    import torch
+    import transformers
+
+    import authors_code
+    from lmc_fast.models import GPT2, GPT2Config
+
+    assert authors_code.parse_pairs("all", 10) == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+    assert authors_code.parse_pairs("0,1 4,2", 10) == [(0, 1), (4, 2)]
+    for bad in ("0", "1,1", "0,10", "a,b", " "):
+        with pytest.raises(SystemExit, match="--pairs"):
+            authors_code.parse_pairs(bad, 10)
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, block_size=8)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # norms and biases away from their initial values too
+            p.add_(0.1 * torch.randn_like(p))
+    authors_code.export(model, tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    x = torch.randint(0, 32, (3, 8))
+    with torch.no_grad():
+        assert (hf(input_ids=x).logits - model(x)).abs().max() < authors_code.EXPORT_TOL
