@@ -15,7 +15,6 @@ namespace {
 template <typename T>
 struct Costs {
   const T* c;
-  int64_t m;
   double sign;
   struct Row {
     const T* r;
@@ -132,7 +131,6 @@ int64_t take_row_minima(const C& c, int64_t n, int64_t m, const double* v, int64
   }
   return numfree;
 }
-
 
 template <typename C>
 void lap_run(const C& c, int64_t n, int64_t m, int64_t* col, double* work, int64_t* iwork, int init_level,
@@ -290,7 +288,7 @@ void lap_run(const C& c, int64_t n, int64_t m, int64_t* col, double* work, int64
 template <typename T>
 void lap_solve(const T* cost, bool maximize, int64_t n, int64_t m, int64_t* col, double* work,
                int64_t* iwork, int init_level, const double* v_init, double* v_out) {
-  lap_run(Costs<T>{cost, m, maximize ? -1.0 : 1.0}, n, m, col, work, iwork, init_level, v_init, v_out);
+  lap_run(Costs<T>{cost, maximize ? -1.0 : 1.0}, n, m, col, work, iwork, init_level, v_init, v_out);
 }
 
 template void lap_solve<float>(const float*, bool, int64_t, int64_t, int64_t*, double*, int64_t*, int,
