@@ -43,12 +43,23 @@ COLUMNS = (("theirs_wm", "theirs", "GPTMerger(A, B, token_freqs): their weight m
            ("ours_paper", "ours", 'lf.align(a, b, "learned", preset="paper")'),
            ("ours_default", "ours", "lf.align(a, b, \"learned\", **table1_shakespeare.toml [methods.learned])"),
            ("ours_their_loop", "ours", 'lf.align(a, b, "learned", preset="paper") with their loop: one lambda a '
-            'step, AdamW weight decay 0.01, 5% warm-up, clip 1'))
+            'step, AdamW weight decay 0.01, 5% warm-up, clip 1'),
+           # start and parametrisation apart: their merger (QK/OV circuits, RMSNorm with bias) fed B already
+           # aligned by our weight matching, their own weight matching skipped (0 iterations)
+           # (their seconds include our weight matching's)
+           ("theirs_path_ours_wm", "theirs", "our weight matching + prior (ours_wm's alignment), evaluated on their "
+            "merger's path (QK/OV circuits), their weight matching skipped"),
+           ("theirs_learned_ours_wm", "theirs", "their learned training (theirs_learned's loop and parametrisation) "
+            "started from ours_wm's alignment instead of their weight matching"))
 #: their train_merger.py's loop in our options (what is left between them is the parametrisation)
 THEIR_LOOP = {"lambdas_per_step": 1, "weight_decay": 0.01, "warmup": 0.05, "clip": 1.0}
 #: ours against theirs, per pair: (ratio name, ours, theirs)
 RATIOS = (("wm", "ours_wm", "theirs_wm"), ("learned_paper", "ours_paper", "theirs_learned"),
-          ("learned_default", "ours_default", "theirs_learned"), ("their_loop", "ours_their_loop", "theirs_learned"))
+          ("learned_default", "ours_default", "theirs_learned"), ("their_loop", "ours_their_loop", "theirs_learned"),
+          # the start, on their path: our weight matching / theirs
+          ("start_wm", "theirs_path_ours_wm", "theirs_wm"), ("start_learned", "theirs_learned_ours_wm", "theirs_learned"),
+          # the parametrisation, from our start: our path / theirs
+          ("path_wm", "ours_wm", "theirs_path_ours_wm"), ("path_learned", "ours_their_loop", "theirs_learned_ours_wm"))
 AUTHOR_FILES = ("merger.py", "weight_matching.py", "utils.py", "train_merger.py")
 #: the exported model's logits against ours (float32, same operations in another order)
 EXPORT_TOL = 2e-5
@@ -174,7 +185,7 @@ def grid_data(spec):
 
 # ---- the two sides
 def run_theirs(python: Path, authors: Path, job: dict, work: Path) -> dict:
-    name = f"{job['pair'][0]}_{job['pair'][1]}_{job['task']}"
+    name = f"{job['pair'][0]}_{job['pair'][1]}_{job['column']}"
     job_path, out = work / f"job_{name}.json", work / f"result_{name}.json"
     job_path.write_text(json.dumps(job, indent=2) + "\n")
     out.unlink(missing_ok=True)
@@ -243,11 +254,39 @@ def pair_record(k: int, seeds, args, ctx) -> dict:
     ends = {side: lf.evaluate(m, ctx["test"])["loss"] for side, m in (("a", a), ("b", b))}
     base = {"pair": list(seeds), "a": str(dirs["a"]), "b": str(dirs["b"]), "data": str(data_path),
             "lambdas": ctx["lambdas"], "eval_batch_size": ctx["eval_batch_size"], "threads": 1, "seed": args.seed}
+    learned_job = {"task": "learned", "steps": args.steps, "lr": args.lr, "batch_size": ctx["match_batch_size"],
+                   "n_train": ctx["n_train"], "eval_every": ctx["paper_eval_every"]}
+
+    def from_ours_wm() -> dict:
+        """base with B replaced by B aligned by our weight matching (written once a pair), their WM skipped."""
+        if "b_ours_wm" not in dirs:
+            t0 = time.perf_counter()
+            al = lf.align(a, b, "weight", token_counts=ctx["counts"], seed=args.seed)
+            dirs["ours_wm_seconds"] = time.perf_counter() - t0
+            b_al = al.apply(b)
+            dirs["b_ours_wm"] = work / f"hf_seed{seeds[1]}_ours_wm_to_{seeds[0]}"
+            export(b_al, dirs["b_ours_wm"])
+            err = export_error(b_al, ctx["test"])
+            if err > EXPORT_TOL:
+                fail(f"pair {seeds}: the aligned B's Hugging Face export differs from it by {err:.2e} in the logits")
+            with torch.no_grad():
+                arrays = {**ctx["arrays"], **logits, "logits_b": b_al(ctx["test"][0][0]).contiguous()}
+            dirs["data_ours_wm"] = work / f"data_{seeds[0]}_{seeds[1]}_ours_wm.safetensors"
+            save_file(arrays, str(dirs["data_ours_wm"]))
+        return {**base, "b": str(dirs["b_ours_wm"]), "data": str(dirs["data_ours_wm"]), "iterations": 0}
+
+    def theirs(column: str, job: dict) -> dict:
+        res = run_theirs(ctx["python"], Path(args.authors), {**job, "column": column}, work)
+        if job.get("iterations") == 0:  # the solve includes our weight matching, which replaced theirs
+            res["seconds"]["ours_wm"] = dirs["ours_wm_seconds"]
+            res["seconds"]["solve"] += dirs["ours_wm_seconds"]
+        return res
+
     jobs = {
-        "theirs_wm": lambda: run_theirs(ctx["python"], Path(args.authors), {**base, "task": "weight"}, work),
-        "theirs_learned": lambda: run_theirs(ctx["python"], Path(args.authors), {
-            **base, "task": "learned", "steps": args.steps, "lr": args.lr, "batch_size": ctx["match_batch_size"],
-            "n_train": ctx["n_train"], "eval_every": ctx["paper_eval_every"]}, work),
+        "theirs_wm": lambda: theirs("theirs_wm", {**base, "task": "weight"}),
+        "theirs_learned": lambda: theirs("theirs_learned", {**base, **learned_job}),
+        "theirs_path_ours_wm": lambda: theirs("theirs_path_ours_wm", {**from_ours_wm(), "task": "weight"}),
+        "theirs_learned_ours_wm": lambda: theirs("theirs_learned_ours_wm", {**from_ours_wm(), **learned_job}),
         "ours_wm": lambda: ours(a, b, ctx["test"], ctx["lambdas"], "weight", token_counts=ctx["counts"],
                                 seed=args.seed),
         "ours_paper": lambda: ours(a, b, ctx["test"], ctx["lambdas"], "learned", data=ctx["match"], preset="paper",
@@ -258,7 +297,8 @@ def pair_record(k: int, seeds, args, ctx) -> dict:
                                         preset="paper", steps=args.steps, lr=args.lr, seed=args.seed, **THEIR_LOOP),
     }
     # alternate who goes first, pair by pair: theirs then ours, then ours then theirs
-    order = [("theirs_wm", "ours_wm"), ("theirs_learned", "ours_paper"), ("ours_default",), ("ours_their_loop",)]
+    order = [("theirs_wm", "ours_wm"), ("theirs_learned", "ours_paper"), ("ours_default",), ("ours_their_loop",),
+             ("theirs_path_ours_wm",), ("theirs_learned_ours_wm",)]
     if args.columns:
         order = [[c for c in o if c in args.columns] for o in order]
     order = [list(o) if k % 2 == 0 else list(reversed(o)) for o in order]
@@ -319,7 +359,8 @@ def markdown(result: dict) -> str:
     s = result["summary"]
     out.append("| median [min, max] | " + " | ".join(
         f"{fmt(s['columns'][c]['barrier'], 4)} / {fmt(s['columns'][c]['seconds'], 2)} s" for c in names) + " |")
-    out += ["", "Ours / theirs per pair, median [min, max]:", "", "| comparison | barrier ratio | seconds ratio |",
+    out += ["", "Ratios per pair, median [min, max] (ours / theirs; then our start / theirs on their path, and "
+            "our path / theirs from our start):", "", "| comparison | barrier ratio | seconds ratio |",
             "|---|---:|---:|"]
     for n, o, t in RATIOS:
         if n not in s["ratios"]:

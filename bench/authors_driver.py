@@ -4,8 +4,9 @@
 
 The job (JSON, written by authors_code.py) names two Hugging Face GPT-2 folders, a safetensors file of
 token blocks (test, training, the token counts, our logits of the first test batch), the task ("weight":
-their GPTMerger with the token prior; "learned": that merger trained as their train_merger.py trains it)
-and the lambdas. Nothing of lmc_fast is imported here (it needs transformers 5); their modules are imported
+their GPTMerger with the token prior; "learned": that merger trained as their train_merger.py trains it),
+their weight matching's iterations (15, theirs; 0 when B is already aligned by ours, so that their path and
+training start from our alignment) and the lambdas. Nothing of lmc_fast is imported here (it needs transformers 5); their modules are imported
 from --authors. Lambda is ours: 0 is model A, 1 is model B (their merger's coefficient is 1 - lambda).
 """
 from __future__ import annotations
@@ -132,7 +133,8 @@ def main():
     counts = data["counts"]
     set_seed(job["seed"])  # their merger's initial projections are random (identity + noise)
     t0 = time.perf_counter()
-    merger = GPTMerger(a, b, token_freqs=counts)  # their weight matching (15 iterations) and merger
+    # their weight matching (15 iterations; 0 when B comes already aligned by ours) and merger
+    merger = GPTMerger(a, b, token_freqs=counts, iterations=job.get("iterations", 15))
     seconds = {"merger": time.perf_counter() - t0}
     info = {}
     if job["task"] == "learned":
