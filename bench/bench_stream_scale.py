@@ -57,6 +57,66 @@ def phase(record: dict, name: str, fn, save=None):
     return out
 
 
+class GemmMeter:
+    """Seconds and flops spent inside the match's GEMMs, by wrapping the three functions that run them:
+    the permutation / orthogonal groups' correlations (`solve.axes_correlation`), the heads' (per-circuit
+    einsums, `kinds.heads.correlation`) and the residual rotation applied to B's tensors
+    (`Orthogonal.apply`). Flops are counted from the operands' shapes (2 per multiply-add): each correlation
+    term is a full (n x m) @ (m x n) product, n the axis length, m the rest; the rotation is (n x n) @ (n x m).
+    The rate inside them against the measured peak says how good the GEMMs are; their share of the match's
+    seconds says how much else there is."""
+
+    def __init__(self):
+        self.parts = {k: {"seconds": 0.0, "gflop": 0.0, "calls": 0} for k in ("correlation", "heads", "rotation")}
+
+    @staticmethod
+    def _corr_gflop(group, pa) -> float:
+        return sum(2 * pa[ax.param].shape[ax.axis] * pa[ax.param].numel() for ax in group.axes) / 1e9
+
+    def _timed(self, part: str, fn, gflop: float):
+        t0 = time.perf_counter()
+        out = fn()
+        rec = self.parts[part]
+        rec["seconds"] += time.perf_counter() - t0
+        rec["gflop"] += gflop
+        rec["calls"] += 1
+        return out
+
+    def __enter__(self):
+        from lmc_fast.match import solve
+        from lmc_fast.match.kinds import heads
+        from lmc_fast.symmetry.groups import Orthogonal
+
+        self._saved = [(solve, "axes_correlation", solve.axes_correlation), (heads, "correlation", heads.correlation),
+                       (Orthogonal, "apply", Orthogonal.apply)]
+        corr, head_corr, rotate = (f for _, _, f in self._saved)
+        solve.axes_correlation = lambda g, pa, pb: self._timed(
+            "correlation", lambda: corr(g, pa, pb), self._corr_gflop(g, pa))
+        heads.correlation = lambda g, pa, pb: self._timed(
+            "heads", lambda: head_corr(g, pa, pb), self._corr_gflop(g, pa))
+        Orthogonal.apply = lambda kind, flat, g, ax, el: self._timed(
+            "rotation", lambda: rotate(kind, flat, g, ax, el), 2 * flat.shape[0] * flat.numel() / 1e9)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+
+    def record(self, peak: float, total_seconds: float) -> dict:
+        out = {}
+        for k, r in self.parts.items():
+            rate = r["gflop"] / r["seconds"] if r["seconds"] else 0.0
+            out[k] = {**r, "gflops": rate, "fraction_of_peak": rate / peak,
+                      "share_of_match_seconds": r["seconds"] / total_seconds}
+        g = sum(r["gflop"] for r in self.parts.values())
+        s = sum(r["seconds"] for r in self.parts.values())
+        out["all"] = {"gflop": g, "seconds": s, "gflops": g / s, "fraction_of_peak": g / s / peak,
+                      "share_of_match_seconds": s / total_seconds,
+                      # the whole match as GEMM work at the peak: what the seconds outside the GEMMs cost
+                      "end_to_end_fraction_of_peak": g / total_seconds / peak}
+        return out
+
+
 def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
@@ -106,7 +166,8 @@ def main(argv=None) -> dict:
     for seed, path in ((0, pa), (1, pb)):
         if not (path / "config.json").exists():
             phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
-    al = phase(ph, "match", lambda: _match(lf, pa, pb, args), save)
+    with GemmMeter() as meter:
+        al = phase(ph, "match", lambda: _match(lf, pa, pb, args), save)
     info = al.info
     arch = adapter_for(meta).arch(meta)
     gflop = sweep_gflop(arch, CONFIGS[args.preset]["vocab_size"])
@@ -115,7 +176,8 @@ def main(argv=None) -> dict:
     rec["match"] = {"sweeps": sweeps, "polish_iterations": info["polish_iterations"], "objective": info["objective"],
                     "bytes_read": info["bytes_read"], "bytes_read_per_sweep_pass": 2 * model_bytes,
                     "sweep_gemm_gflop": gflop, "matmul_peak_gflops": peak,
-                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak}
+                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak,
+                    "gemms": meter.record(peak, ph["match"]["seconds"])}
     out_a = phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save)
     rec["apply_bytes_written"] = folder_bytes(out_a)
     out_m = phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save)
@@ -139,6 +201,9 @@ def main(argv=None) -> dict:
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     save()
     m = ph["match"]
+    for k, r in rec["match"]["gemms"].items():
+        print(f"  GEMMs, {k:11s}: {r['gflop']:8.0f} GFLOP in {r['seconds']:7.1f} s = {r['gflops']:5.1f} GFLOP/s, "
+              f"{r['fraction_of_peak']:.0%} of peak, {r['share_of_match_seconds']:.0%} of the match's seconds")
     print(f"{args.preset}: match {m['seconds']:.0f} s ({sweeps} sweeps + {info['polish_iterations']} polish), peak "
           f"RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB over all phases; GEMMs at "
           f"{rec['match']['gemm_fraction_of_peak']:.0%} of {peak:.0f} GFLOP/s; apply {ph['apply']['seconds']:.0f} s, "

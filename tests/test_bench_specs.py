@@ -97,3 +97,39 @@ def test_authors_code_summarises_only_the_columns_every_pair_has():
     s = authors_code.summary(records)
     assert set(s["columns"]) == {"theirs_learned", "ours_paper"} and set(s["ratios"]) == {"learned_paper"}
     assert s["ratios"]["learned_paper"]["barrier"]["values"] == [2.0, 1.0]
+
+
+def test_gemm_meter_counts_the_flops_it_times_and_restores_the_library():
+    """bench/bench_stream_scale.py's GemmMeter: flops counted from the operands' shapes (a correlation term
+    (n x m) @ (m x n) is 2 n n m; a rotation (n x n) @ (n x m) is 2 n n m), results unchanged, and the
+    wrapped functions put back on exit (also when the body raises)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import bench_stream_scale
+    from lmc_fast.match import solve
+    from lmc_fast.match.kinds import heads
+    from lmc_fast.symmetry.groups import Orthogonal
+
+    originals = (solve.axes_correlation, heads.correlation, Orthogonal.apply)
+    g = SimpleNamespace(axes=(SimpleNamespace(param="w", axis=0), SimpleNamespace(param="u", axis=1)))
+    pa = {"w": torch.randn(6, 5, dtype=torch.float64), "u": torch.randn(3, 6, dtype=torch.float64)}
+    pb = {k: torch.randn_like(v) for k, v in pa.items()}
+    R = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))[0]
+    flat = torch.randn(6, 7, dtype=torch.float64)
+    with bench_stream_scale.GemmMeter() as meter:
+        C = solve.axes_correlation(g, pa, pb)
+        moved = Orthogonal().apply(flat, None, None, {"matrix": R})
+    assert (solve.axes_correlation, heads.correlation, Orthogonal.apply) == originals
+    torch.testing.assert_close(C, pa["w"] @ pb["w"].T + pa["u"].T @ pb["u"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(moved, R @ flat, rtol=0, atol=1e-12)
+    parts = meter.parts
+    assert parts["correlation"]["calls"] == 1 and parts["rotation"]["calls"] == 1 and parts["heads"]["calls"] == 0
+    assert parts["correlation"]["gflop"] * 1e9 == pytest.approx(2 * 6 * 6 * 5 + 2 * 6 * 6 * 3)
+    assert parts["rotation"]["gflop"] * 1e9 == pytest.approx(2 * 6 * 6 * 7)
+    rec = meter.record(peak=1.0, total_seconds=1.0)
+    assert rec["all"]["gflop"] == pytest.approx(parts["correlation"]["gflop"] + parts["rotation"]["gflop"])
+    with pytest.raises(RuntimeError), bench_stream_scale.GemmMeter():
+        raise RuntimeError("the body failed")
+    assert (solve.axes_correlation, heads.correlation, Orthogonal.apply) == originals
