@@ -257,29 +257,31 @@ def pair_record(k: int, seeds, args, ctx) -> dict:
     learned_job = {"task": "learned", "steps": args.steps, "lr": args.lr, "batch_size": ctx["match_batch_size"],
                    "n_train": ctx["n_train"], "eval_every": ctx["paper_eval_every"]}
 
+    aligned = {}  # B aligned by our weight matching: its folder, data file and seconds (made once a pair)
+
     def from_ours_wm() -> dict:
-        """base with B replaced by B aligned by our weight matching (written once a pair), their WM skipped."""
-        if "b_ours_wm" not in dirs:
+        """base with B replaced by B aligned by our weight matching, their WM skipped."""
+        if not aligned:
             t0 = time.perf_counter()
             al = lf.align(a, b, "weight", token_counts=ctx["counts"], seed=args.seed)
-            dirs["ours_wm_seconds"] = time.perf_counter() - t0
+            aligned["seconds"] = time.perf_counter() - t0
             b_al = al.apply(b)
-            dirs["b_ours_wm"] = work / f"hf_seed{seeds[1]}_ours_wm_to_{seeds[0]}"
-            export(b_al, dirs["b_ours_wm"])
+            aligned["b"] = work / f"hf_seed{seeds[1]}_ours_wm_to_{seeds[0]}"
+            export(b_al, aligned["b"])
             err = export_error(b_al, ctx["test"])
             if err > EXPORT_TOL:
                 fail(f"pair {seeds}: the aligned B's Hugging Face export differs from it by {err:.2e} in the logits")
             with torch.no_grad():
                 arrays = {**ctx["arrays"], **logits, "logits_b": b_al(ctx["test"][0][0]).contiguous()}
-            dirs["data_ours_wm"] = work / f"data_{seeds[0]}_{seeds[1]}_ours_wm.safetensors"
-            save_file(arrays, str(dirs["data_ours_wm"]))
-        return {**base, "b": str(dirs["b_ours_wm"]), "data": str(dirs["data_ours_wm"]), "iterations": 0}
+            aligned["data"] = work / f"data_{seeds[0]}_{seeds[1]}_ours_wm.safetensors"
+            save_file(arrays, str(aligned["data"]))
+        return {**base, "b": str(aligned["b"]), "data": str(aligned["data"]), "iterations": 0}
 
     def theirs(column: str, job: dict) -> dict:
         res = run_theirs(ctx["python"], Path(args.authors), {**job, "column": column}, work)
         if job.get("iterations") == 0:  # the solve includes our weight matching, which replaced theirs
-            res["seconds"]["ours_wm"] = dirs["ours_wm_seconds"]
-            res["seconds"]["solve"] += dirs["ours_wm_seconds"]
+            res["seconds"]["ours_wm"] = aligned["seconds"]
+            res["seconds"]["solve"] += aligned["seconds"]
         return res
 
     jobs = {
