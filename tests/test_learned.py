@@ -9,7 +9,7 @@ from lmc_fast.match.projection import Latents, apply_dense, newton_schulz_polar,
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec
 from lmc_fast.symmetry.elements import apply_spec
-from zoo import learned_lowers_a_planted_barrier, logits, make_inputs, make_model, rel_err
+from zoo import learned_lowers_a_planted_barrier, logits, make_inputs, make_model, rel_err, same_elements
 
 
 def test_newton_schulz_matches_the_polar_factor():
@@ -232,7 +232,7 @@ def test_endpoint_target_with_mixup_learns_a_function_preserving_alignment():
 
 def test_endpoint_target_is_the_mixture_of_end_model_distributions():
     """The distillation target at mixing weights w is sum_n w_n softmax(z_n / T)."""
-    from lmc_fast.match.learned import _mixed_endpoint_probs
+    from lmc_fast.match.learned_targets import mixed_endpoint_probs
     from lmc_fast.models import functional as Fn
 
     a, b, _ = _vit_pair_and_data(103, 104)
@@ -240,7 +240,7 @@ def test_endpoint_target_is_the_mixture_of_end_model_distributions():
     pb = standard_params(b)[1]
     x = make_inputs("vit", dtype=torch.float32)
     w = torch.tensor([[0.3, 0.7], [1.0, 0.0]])
-    got = _mixed_endpoint_probs(arch, Fn.stack([pa, pb]), w, x, temperature=3.0)
+    got = mixed_endpoint_probs(arch, Fn.stack([pa, pb]), w, x, temperature=3.0)
     za, zb = logits(a, x).float(), logits(b, x).float()
     want0 = 0.3 * torch.softmax(za / 3, -1) + 0.7 * torch.softmax(zb / 3, -1)
     assert torch.allclose(got[0], want0, atol=1e-5) and torch.allclose(got[1], torch.softmax(za / 3, -1), atol=1e-5)
@@ -254,6 +254,53 @@ def test_endpoint_target_on_a_language_model():
     assert al.info["steps"] == 4 and al.info["target"] == "endpoints"
     x = make_inputs("gpt2", seed=9)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+
+
+def _gpt2_learned(data, **kw):
+    a, b = make_model("gpt2", seed=105, dtype=torch.float32), make_model("gpt2", seed=106, dtype=torch.float32)
+    return lf.align(a, b, "learned", data=data, steps=9, eval_every=3, lr=0.05, target="endpoints", lam="uniform",
+                    val_fraction=0.25, **kw)
+
+
+def test_kept_end_model_targets_change_nothing_but_the_work(monkeypatch):
+    """The end models' distributions kept per training batch give the very run recomputing them
+    gives: the same elements and the same validation history, bit for bit; batches past the byte
+    budget, and batches that are not the same tensor at the same place, are computed afresh."""
+    import lmc_fast.match.learned_targets as targets_mod
+
+    data = [(make_inputs("gpt2", seed=s, batch=4),) * 2 for s in range(4)]  # 3 training batches, 1 validation
+    kept = _gpt2_learned(data)
+    assert kept.info["targets_reused"] == 6  # 9 steps over 3 batches: the last two passes reuse the first's
+    monkeypatch.setattr(targets_mod, "CACHE_BYTES", 0)
+    fresh = _gpt2_learned(data)
+    assert fresh.info["targets_reused"] == 0
+    assert kept.info["val_history"] == fresh.info["val_history"]
+    same_elements(kept, fresh)
+    # a budget of one batch's distributions keeps that batch only
+    a = make_model("gpt2", seed=105, dtype=torch.float32)
+    one = 2 * logits(a, data[0][0]).numel() * 4  # N end models' float32 distributions on one batch
+    monkeypatch.setattr(targets_mod, "CACHE_BYTES", one)
+    assert _gpt2_learned(data).info["targets_reused"] == 2
+
+
+def test_end_model_targets_are_reused_only_for_the_same_batch_tensor():
+    """A batch replaced at its place (a fresh tensor, e.g. a re-iterable that re-draws) is never
+    scored against the distributions kept for the old one; nothing is kept without `keep`."""
+    from lmc_fast.match.learned_targets import EndpointTargets, mixed_endpoint_probs
+    from lmc_fast.models import functional as Fn
+
+    a, b = make_model("gpt2", seed=105, dtype=torch.float32), make_model("gpt2", seed=106, dtype=torch.float32)
+    arch, pa = standard_params(a)
+    ends = Fn.stack([pa, standard_params(b)[1]])
+    w = torch.tensor([[0.25, 0.75]])
+    x1, x2 = make_inputs("gpt2", seed=1, batch=2), make_inputs("gpt2", seed=2, batch=2)
+    t = EndpointTargets(arch, ends, 1.0, keep=True)
+    assert torch.equal(t.mixed(0, x1, x1, w), mixed_endpoint_probs(arch, ends, w, x1))
+    assert torch.equal(t.mixed(0, x2, x2, w), mixed_endpoint_probs(arch, ends, w, x2)) and t.hits == 0
+    assert torch.equal(t.mixed(0, x1, x1, w), mixed_endpoint_probs(arch, ends, w, x1)) and t.hits == 1
+    off = EndpointTargets(arch, ends, 1.0, keep=False)
+    off.mixed(0, x1, x1, w), off.mixed(0, x1, x1, w)
+    assert off.hits == 0 and off.used == 0
 
 
 def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier():

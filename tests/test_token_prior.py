@@ -8,7 +8,7 @@ from lmc_fast.match.align import params_pair
 from lmc_fast.match.weight import weight_matching
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, canonical_spec
-from zoo import make_inputs, make_model
+from zoo import make_inputs, make_model, same_elements
 
 VOCAB = 37  # zoo's GPT-2 vocabulary
 
@@ -18,12 +18,6 @@ def skewed_counts():
     counts = torch.zeros(VOCAB, dtype=torch.int64)
     counts[::3] = torch.arange(1, VOCAB // 3 + 2) ** 2
     return counts
-
-
-def same_elements(al1, al2):
-    for n, e in al1.elements.items():
-        for key, t in e.items():
-            assert torch.equal(t, al2.elements[n][key]), (n, key)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "hf_gpt2"])

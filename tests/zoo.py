@@ -159,6 +159,13 @@ def tolerance(kind: str, exact: float) -> float:
     return max(exact, 1e-5) if kind in HF_FP32_INSIDE else exact
 
 
+def same_elements(al1, al2):
+    """Two alignments' elements equal bit for bit."""
+    for n, e in al1.elements.items():
+        for key, t in e.items():
+            assert torch.equal(t, al2.elements[n][key]), (n, key)
+
+
 def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 

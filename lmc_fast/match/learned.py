@@ -27,6 +27,7 @@ from . import learned_checkpoint
 from .options import LAMBDA_MODES, PRESET_NAMES, TARGETS, check_option, check_options
 from .learned_module import LEARN_MODES, LearnedAlignment, MixedAlignments, exact_alignment, moved_from
 from .learned_module import mix as _mix  # noqa: F401 - the old private name
+from .learned_targets import EndpointTargets, soft_cross_entropy
 
 
 
@@ -62,19 +63,6 @@ def _val_barrier(arch, params_list, mixes, val, own_losses, options: EvalOptions
     return max(r["loss"] - float(torch.tensor(w, dtype=torch.float64) @ own_losses) for r, w in zip(rows, mixes))
 
 
-
-
-def _soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Mean over examples (and tokens) of -sum_c p_c log softmax(z)_c."""
-    return -(probs * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
-
-
-def _mixed_endpoint_probs(arch, stacked_ends, w, x, temperature: float = 1.0) -> torch.Tensor:
-    """(K, ...) mixtures w @ p_n of the end models' predictive distributions on x (softmax of
-    logits / temperature), no gradient."""
-    with torch.no_grad():
-        probs = torch.softmax(Fn.forward(arch, stacked_ends, x).float() / temperature, -1)  # (N, B, ..., C)
-        return torch.einsum("kn,n...->k...", w.float(), probs)
 
 
 def learn_alignments(spec, params_list, init_elements, train, val, *, steps=1000, lr=3e-3, lam="narrow",
@@ -173,7 +161,9 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     fixed = module.fixed_params()
     first = next(iter(fixed[0].values()))
     dtype, device = first.dtype, first.device
-    stacked_ends = Fn.stack(fixed) if target == "endpoints" else None
+    # the end models' distributions, kept per training batch when the batches come back unchanged
+    targets = (EndpointTargets(arch, Fn.stack(fixed), temperature, keep=augment is None and isinstance(train, (list, tuple)))
+               if target == "endpoints" else None)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = (torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if weight_decay > 0
            else torch.optim.Adam(params, lr=lr))
@@ -223,6 +213,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
             batch_iter, pos = iter(train), 0
             x, y = next(batch_iter)
         pos += 1
+        batch = x  # the tensor as `train` holds it: what a kept end-model target is checked against
         x = x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device)
         y = y.to(device)
         if augment is not None:
@@ -240,8 +231,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
             # the end models fit the training images almost perfectly, so at T = 1 their
             # targets are nearly one-hot and carry little more than the labels.
             T = temperature
-            soft = _mixed_endpoint_probs(arch, stacked_ends, w, x, T)
-            loss = sum(_soft_cross_entropy(logits[i] / T, soft[i]) for i in range(logits.shape[0])) * T * T / logits.shape[0]
+            soft = targets.mixed(pos - 1, batch, x, w)
+            loss = sum(soft_cross_entropy(logits[i] / T, soft[i]) for i in range(logits.shape[0])) * T * T / logits.shape[0]
         if learns:
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -275,7 +266,7 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
             "lam": lam, "lambdas_per_step": lambdas_per_step, "lr": lr, "learn": learn, "sides": module.sides,
             "target": target,
             "weight_decay": weight_decay, "warmup": warmup, "clip": clip,
-            "temperature": temperature,
+            "temperature": temperature, "targets_reused": 0 if targets is None else targets.hits,
             "augment": None if augment is None else repr(augment)}
     return best[2], info
 
