@@ -162,8 +162,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
     first = next(iter(fixed[0].values()))
     dtype, device = first.dtype, first.device
     # the end models' distributions, kept per training batch when the batches come back unchanged
-    targets = (EndpointTargets(arch, Fn.stack(fixed), temperature, keep=augment is None and isinstance(train, (list, tuple)))
-               if target == "endpoints" else None)
+    fixed_batches = augment is None and isinstance(train, (list, tuple))
+    targets = EndpointTargets(arch, Fn.stack(fixed), temperature, keep=fixed_batches) if target == "endpoints" else None
     params = [p for p in module.parameters() if p.requires_grad]
     opt = (torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if weight_decay > 0
            else torch.optim.Adam(params, lr=lr))
