@@ -1,5 +1,6 @@
-"""A streamed match's memory stays under a bound the in-memory path exceeds: each path in its own process,
-measuring its own high-water mark (VmHWM, reset after a warm-up that loads every library)."""
+"""A streamed match's memory stays under a bound the in-memory path exceeds, and a streamed merge or apply
+holds about a layer per model: each run in its own process, measuring its own high-water mark (VmHWM, reset
+after a warm-up that loads every library)."""
 import json
 import os
 import subprocess
@@ -37,10 +38,41 @@ print(json.dumps({"peak": status("VmHWM:") - rss, "objective": al.info["objectiv
 """
 
 
-def _peak(mode, pa, pb) -> dict:
+WRITE_PROBE = r"""
+import json, sys, tempfile
+from pathlib import Path
+mode, pa, pb = sys.argv[1:4]
+from lmc_fast.stream.generate import llama_on_meta, write_random
+from lmc_fast.stream.paths import apply_to_path, merge_paths
+from lmc_fast.stream.checkpoint import StreamedCheckpoint
+from lmc_fast.symmetry import Alignment, canonical_spec
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+def run(pa, pb, out):
+    al = Alignment.random(canonical_spec(StreamedCheckpoint(pa).arch), seed=3)
+    if mode == "merge":
+        merge_paths([pa, pb], out, [None, al], force=True)
+    else:
+        apply_to_path(al, pb, out, force=True)
+
+d = Path(tempfile.mkdtemp())
+model = llama_on_meta("llama-tiny")
+run(write_random(d / "a", model, 0), write_random(d / "b", model, 1), d / "warm")  # every library loaded once
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+rss = status("VmRSS:")
+run(pa, pb, d / "out")
+print(json.dumps({"peak": status("VmHWM:") - rss}))
+"""
+
+
+def _peak(mode, pa, pb, probe=PROBE) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     tests = str(Path(__file__).parent)
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(pa), str(pb), tests], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", probe, mode, str(pa), str(pb), tests], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -58,3 +90,20 @@ def test_streamed_match_stays_under_the_pair_size_that_in_memory_exceeds(tmp_pat
     assert streamed["objective"] == pytest.approx(in_memory["objective"], rel=1e-9)
     assert in_memory["peak"] > pair_f64, (in_memory, pair_f64)
     assert streamed["peak"] < 0.6 * pair_f64, (streamed, pair_f64)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_streamed_merge_and_apply_hold_a_few_layers_not_the_model(tmp_path):
+    """Layers dominate this shape (4 x 64 MiB in float32, a 256-token vocabulary). A merge must drop each
+    model's piece as it is summed and the last block's sum before reading the next: holding both pieces,
+    the transformed copy and the last block's sum as well (as it once did) cost 10 layers; now about 4."""
+    from lmc_fast.stream.generate import llama_on_meta, write_random
+
+    shape = dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=8,
+                 vocab_size=256, num_hidden_layers=4)
+    model = llama_on_meta("llama-tiny", **shape)
+    pa, pb = write_random(tmp_path / "a", model, 0), write_random(tmp_path / "b", model, 1)
+    layer = 4 * sum(p.numel() for n, p in model.named_parameters() if ".0." in n)  # one layer in float32
+    merge, apply = _peak("merge", pa, pb, WRITE_PROBE)["peak"], _peak("apply", pa, pb, WRITE_PROBE)["peak"]
+    assert merge < 6 * layer, (merge / layer, "layers")
+    assert apply < 4.5 * layer, (apply / layer, "layers")

@@ -16,6 +16,7 @@ import torch
 from ..errors import OutputError
 from ..symmetry import Alignment, check_same_arch, spec_for
 from ..symmetry.alignment import AlignmentMismatchError
+from ..symmetry.elements import Transformed
 from .checkpoint import StreamedCheckpoint
 from .pieces import Blocks
 from .write import write_checkpoint
@@ -61,8 +62,9 @@ def apply_to_path(alignment: Alignment, path_b, out, *, force: bool = False, dty
     blocks = Blocks([b], alignment.spec, _compute_dtype(dtype or b.dtype))
 
     def produce():
-        for (pb,), rows in blocks():
-            yield alignment.apply_params(pb), rows
+        for parts, rows in blocks():
+            # transformed a tensor at a time as the writer reads it: no transformed copy of the whole block
+            yield Transformed(alignment.spec, parts.pop(), alignment.elements), rows
 
     meta = {"aligned": {"method": alignment.info.get("method"), "space": alignment.spec.space,
                         "fingerprint_a": alignment.info.get("fingerprint_a"), "source": str(path_b)}}
@@ -98,13 +100,24 @@ def merge_paths(paths, out, alignments=None, weights=None, *, force: bool = Fals
     blocks = Blocks(cks, spec, _compute_dtype(dtype or cks[0].dtype))
 
     def produce():
+        # resident per block: the sum, one model's piece and one transformed tensor (each piece is
+        # taken from the list and dropped as it is summed, each tensor as it is added)
         for parts, rows in blocks():
             mixed = {}
-            for part, al, w in zip(parts, alignments, weights):
-                part = al.apply_params(part) if al is not None else part
-                for n, t in part.items():
-                    mixed[n] = t * w if n not in mixed else mixed[n] + t * w
+            for k, (al, w) in enumerate(zip(alignments, weights)):
+                part, parts[k] = parts[k], None
+                view = Transformed(al.spec, part, al.elements) if al is not None else part
+                for n in list(part):
+                    t = view[n]
+                    del part[n]
+                    if n in mixed:
+                        mixed[n] += t * w
+                    else:
+                        mixed[n] = t * w
+                    del t
+                del part, view
             yield mixed, rows
+            del mixed
 
     meta = {"merged": {"sources": [str(p) for p in paths], "weights": weights, "space": spec.space}}
     return write_checkpoint(out, cks[0], produce, metadata=meta, dtype=dtype)

@@ -82,16 +82,18 @@ class Blocks:
                 rows = {n: (s[i], min(s[i] + self.row_block[n], self.shapes[n][0]))
                         for n, s in steps.items() if i < len(s)}
                 parts = []
-                for ck, b in zip(self.cks, base):
-                    part = dict(b)
+                for k, ck in enumerate(self.cks):
+                    part = dict(base[k])
+                    if not rowed:
+                        base[k] = None  # the stored copy goes as its canonical copy is made
                     part.update({n: self._read(ck, n, rows.get(n, (0, 0))) for n in rowed})
                     parts.append(self._space(part))
                     del part
-                if not rowed:
-                    base = None  # the stored copies are done with: only the piece stays resident
                 keep = [n for n in want if n in rows or (i == 0 and n not in self.row_block)]
                 out = [{n: p[n] for n in keep} for p in parts]
                 del parts
+                # the consumer owns the list: emptying it (merge_paths does) frees each model's piece as
+                # soon as it is used, rather than when the next block is read
                 yield out, {n: rows[n] for n in keep if n in rows}
                 del out
 

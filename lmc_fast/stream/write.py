@@ -168,6 +168,7 @@ def write_checkpoint(out, template, produce, *, metadata: dict | None = None,
                             raise RuntimeError(f"internal: {key!r} is made from row blocks")
                         else:
                             home[key].write(key, e.make(*(part[n] for n in e.names)))
+                del part, rows  # before the next piece is made, not after
         except BaseException:
             for w in writers.values():
                 os.close(w.fd)  # the temp folder goes with its files
