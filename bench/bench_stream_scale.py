@@ -12,6 +12,8 @@ high-water mark (VmHWM) reset before it:
   apply  - `apply_to_path(al, path_b, out)`: the aligned B written shard by shard;
   merge  - `merge_paths([a, b], out, [None, al])`: the aligned midpoint written shard by shard;
   planted (--planted) - B' = g . A written streaming and matched: g^-1 must come back.
+--writes-only skips the match and writes with a random element of the group instead: the memory and seconds
+of apply and merge do not depend on which element (a quick check of the writers at 7B widths).
 The in-memory baseline of the same 1.1B match is bench/bench_llama_scale.py (19.7 GiB peak).
 Writes bench/results/stream_scale_<preset>_cpu.json.
 """
@@ -138,6 +140,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--polish-iter", type=int, default=2)
     ap.add_argument("--planted", action="store_true", help="also match a planted twin B' = g . A")
     ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs")
+    ap.add_argument("--writes-only", action="store_true",
+                    help="no match: apply and merge with a random group element (writer memory and seconds only)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     meta = llama_on_meta(args.preset, **({"num_hidden_layers": args.layers} if args.layers else {}))
@@ -146,6 +150,7 @@ def main(argv=None) -> dict:
     outputs = 2 + 1 + (1 if args.planted else 0)  # aligned, merged (+ the planted twin)
     tag = args.preset + (f"_{args.layers}layers" if args.layers else "")
     args.workdir = args.workdir / tag  # checkpoints of one shape per folder (reused across runs)
+    tag += "_writes" if args.writes_only else ""
     args.workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(args.workdir).free
     need = model_bytes * (outputs + sum(not (args.workdir / n / "config.json").exists() for n in "ab"))
@@ -166,23 +171,16 @@ def main(argv=None) -> dict:
     for seed, path in ((0, pa), (1, pb)):
         if not (path / "config.json").exists():
             phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
-    with GemmMeter() as meter:
-        al = phase(ph, "match", lambda: _match(lf, pa, pb, args), save)
-    info = al.info
     arch = adapter_for(meta).arch(meta)
-    gflop = sweep_gflop(arch, CONFIGS[args.preset]["vocab_size"])
-    peak = matmul_peak("cpu", torch.float32, 2048)
-    sweeps = info["iterations"]
-    rec["match"] = {"sweeps": sweeps, "polish_iterations": info["polish_iterations"], "objective": info["objective"],
-                    "bytes_read": info["bytes_read"], "bytes_read_per_sweep_pass": 2 * model_bytes,
-                    "sweep_gemm_gflop": gflop, "matmul_peak_gflops": peak,
-                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak,
-                    "gemms": meter.record(peak, ph["match"]["seconds"])}
+    if args.writes_only:
+        al = Alignment.random(canonical_spec(arch), seed=3)
+    else:
+        al = _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save)
     out_a = phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save)
     rec["apply_bytes_written"] = folder_bytes(out_a)
     out_m = phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save)
     rec["merge_bytes_written"] = folder_bytes(out_m)
-    if args.planted:
+    if args.planted and not args.writes_only:
         truth = Alignment.random(canonical_spec(arch), seed=7)
         twin = phase(ph, "plant", lambda: apply_to_path(truth, pa, args.workdir / "planted"), save)
         found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args), save)
@@ -200,15 +198,37 @@ def main(argv=None) -> dict:
     rec["peak_rss_bytes"] = max(p["peak_rss_bytes"] for k, p in ph.items() if not k.startswith("generate"))
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     save()
-    m = ph["match"]
-    for k, r in rec["match"]["gemms"].items():
+    if args.writes_only:
+        print(f"{args.preset}: apply {ph['apply']['seconds']:.0f} s, peak {ph['apply']['peak_rss_bytes'] / 2**30:.2f} GiB; "
+              f"merge {ph['merge']['seconds']:.0f} s, peak {ph['merge']['peak_rss_bytes'] / 2**30:.2f} GiB -> {out}")
+        return rec
+    m, mr = ph["match"], rec["match"]
+    for k, r in mr["gemms"].items():
         print(f"  GEMMs, {k:11s}: {r['gflop']:8.0f} GFLOP in {r['seconds']:7.1f} s = {r['gflops']:5.1f} GFLOP/s, "
               f"{r['fraction_of_peak']:.0%} of peak, {r['share_of_match_seconds']:.0%} of the match's seconds")
-    print(f"{args.preset}: match {m['seconds']:.0f} s ({sweeps} sweeps + {info['polish_iterations']} polish), peak "
+    print(f"{args.preset}: match {m['seconds']:.0f} s ({mr['sweeps']} sweeps + {mr['polish_iterations']} polish), peak "
           f"RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB over all phases; GEMMs at "
-          f"{rec['match']['gemm_fraction_of_peak']:.0%} of {peak:.0f} GFLOP/s; apply {ph['apply']['seconds']:.0f} s, "
+          f"{mr['gemm_fraction_of_peak']:.0%} of {mr['matmul_peak_gflops']:.0f} GFLOP/s; apply {ph['apply']['seconds']:.0f} s, "
           f"merge {ph['merge']['seconds']:.0f} s -> {out}")
     return rec
+
+
+def _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save):
+    """The streamed match, timed and metered: its GEMMs' seconds and flops, the sweep's fraction of the peak."""
+    from lmc_fast.stream.generate import CONFIGS
+
+    with GemmMeter() as meter:
+        al = phase(ph, "match", lambda: _match(lf, pa, pb, args), save)
+    info = al.info
+    gflop = sweep_gflop(arch, CONFIGS[args.preset]["vocab_size"])
+    peak = matmul_peak("cpu", torch.float32, 2048)
+    sweeps = info["iterations"]
+    rec["match"] = {"sweeps": sweeps, "polish_iterations": info["polish_iterations"], "objective": info["objective"],
+                    "bytes_read": info["bytes_read"], "bytes_read_per_sweep_pass": 2 * model_bytes,
+                    "sweep_gemm_gflop": gflop, "matmul_peak_gflops": peak,
+                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak,
+                    "gemms": meter.record(peak, ph["match"]["seconds"])}
+    return al
 
 
 def _match(lf, pa, pb, args):
