@@ -40,13 +40,22 @@ def _per_k(v: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 def norm(arch: Arch, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """weight, bias (K, d) or (1, d). Each operation here writes a new activation-sized tensor, and a fresh
+    large allocation costs page faults that can exceed the arithmetic (an unfused LayerNorm + scale + shift
+    of 64 x 65 x 256 floats: 9 ms against 0.4 ms fused, on a 2-core VM): one parameter set takes the fused
+    norm, K of them one fused multiply-add after the plain norm."""
     d = x.shape[-1]
+    if weight.shape[0] == 1:
+        if arch.norm == "layernorm":
+            return F.layer_norm(x, (d,), weight[0], None if bias is None else bias[0], eps=arch.eps)
+        y = F.rms_norm(x, (d,), weight[0], eps=arch.eps)
+        return y if bias is None else y + bias[0]
     if arch.norm == "layernorm":
         y = F.layer_norm(x, (d,), eps=arch.eps)
     else:
         y = F.rms_norm(x, (d,), eps=arch.eps)
-    y = y * _per_k(weight, x.dim())
-    return y if bias is None else y + _per_k(bias, x.dim())
+    w = _per_k(weight, x.dim())
+    return y * w if bias is None else torch.addcmul(_per_k(bias, x.dim()), y, w)
 
 
 def embedding_names(arch: Arch) -> tuple[str, ...]:
