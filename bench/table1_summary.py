@@ -28,7 +28,10 @@ SETTINGS = {  # grid folder name -> (row label, language model?)
     "table1_mamba": ("tiny Mamba, Shakespeare", True),
 }
 COMMITTED = Path(__file__).parent / "results" / "table1"  # each grid's summary files, as committed
-COLUMNS = ("none", "permutation", "activation", "weight", "learned-perm", "learned", "learned-paper")
+#: in this order; a column shows where any setting's grid ran the method (issue 22's: "residual-act", the residual's
+#: rotation from one batch of activations with weight matching for the rest; "learned-both", latents on both models)
+COLUMNS = ("none", "permutation", "activation", "residual-act", "weight", "learned-perm", "learned", "learned-both",
+           "learned-paper")
 
 
 def _stats(values):
