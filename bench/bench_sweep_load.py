@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, cpu_model  # noqa: E402
 
-#: 4096 is one mixture of the whole batch for both models here (64 x 65 ViT tokens, 32 x 128 GPT-2 tokens): the
-#: per-lambda loop's own pass shape, so the fused engine's gain there is only the shared embedding and mixing
+#: One mixture of the whole batch is the per-lambda loop's own pass shape: 8192 for the ViT (64 x 65 tokens: 4096
+#: splits it into 63 + 1 images), 4096 for GPT-2 (32 x 128; 8192 puts two mixtures in a pass)
 BUDGETS = (2048, 4096, 8192, 32768)
 
 
