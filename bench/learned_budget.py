@@ -1,16 +1,17 @@
 """Learned matching against its budget: the test barrier after N steps, and the seconds it took, per Table 1 setting.
 
 Each budget is its own run (its own cosine schedule and early stopping), with Table 1's learned settings
-otherwise; `--match-batch-size` and `--lr` change one of them for every budget (what buys more steps
-per second, or takes larger ones). The goal the budget is read against: median barrier <= 0.02 over the
-pairs, within 60 s of one core per pair.
+otherwise; `--match-batch-size`, `--lr` and `--set KEY=VALUE` (any learned-matching option:
+temperature, lambdas_per_step, augment, warmup, ...) change them for every budget of the spec. The goal
+the budget is read against: median barrier <= 0.02 over the pairs, within 60 s of one core per pair.
 
     python bench/learned_budget.py spec digits --steps 100 300 1000 --out /tmp/lb/digits.toml
     cp -r /tmp/lmc_grids/ls_digits/models /tmp/lmc_grids/lb_digits/   # the same trained models (cached)
     torchrun --standalone --nproc_per_node 2 -m lmc_fast.cli grid /tmp/lb/digits.toml --out /tmp/lmc_grids/lb_digits
     python bench/learned_budget.py table digits=/tmp/lmc_grids/lb_digits ...
 
-`table` writes bench/results/learned_budget.{json,md} and a plot of barrier against seconds.
+`table` writes bench/results/learned_budget.{json,md} (or `--out`) and a plot of barrier against seconds;
+each row names the settings it changed from Table 1's learned column.
 """
 from __future__ import annotations
 
@@ -29,22 +30,53 @@ GOAL = 0.02
 BUDGET_SECONDS = 60.0
 
 
-def method_name(steps: int, batch: int | None, lr: float | None) -> str:
+#: options a budget's own run sets (not a change of Table 1's settings)
+RUN_OPTIONS = ("steps", "eval_every", "method")
+
+
+def option_value(text: str):
+    """A --set value as TOML would read it: a whole number, a number, true/false, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text, text)
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        out[key] = option_value(value)
+    return out
+
+
+def _name_part(value) -> str:
     # (grid variant names take letters, digits, - and _: 0.02 is written 0p02)
-    return f"learned-{steps}" + (f"-b{batch}" if batch else "") + (f"-lr{lr:g}".replace(".", "p") if lr else "")
+    return (f"{value:g}" if isinstance(value, float) else str(value)).replace(".", "p").replace("-", "m")
 
 
-def derived_spec(setting: str, steps: list[int], batch: int | None, lr: float | None) -> dict:
+def method_name(steps: int, batch: int | None, lr: float | None, sets: dict | None = None) -> str:
+    return (f"learned-{steps}" + (f"-b{batch}" if batch else "") + (f"-lr{_name_part(lr)}" if lr else "")
+            + "".join(f"-{k}{_name_part(v)}" for k, v in (sets or {}).items()))
+
+
+def derived_spec(setting: str, steps: list[int], batch: int | None, lr: float | None,
+                 sets: dict | None = None) -> dict:
     spec = tomllib.loads((GRIDS / f"table1_{setting}.toml").read_text())
     learned = dict(spec["methods"]["learned"])
     if lr:
         learned["lr"] = lr
+    learned.update(sets or {})
     if batch:  # the same training examples, in batches of another size (the grid's default is 64)
         old = spec["data"].get("match_batch_size", 64)
         spec["data"]["match_batch_size"] = batch
         if "match_max_batches" in spec["data"]:
             spec["data"]["match_max_batches"] = spec["data"]["match_max_batches"] * old // batch
-    spec["methods"] = {method_name(n, batch, lr): {"method": "learned", **learned, "steps": n,
+    spec["methods"] = {method_name(n, batch, lr, sets): {"method": "learned", **learned, "steps": n,
                                                    # ten evaluations a run (at least every 10 steps)
                                                    "eval_every": max(10, n // 10)}
                        for n in steps}
@@ -53,33 +85,63 @@ def derived_spec(setting: str, steps: list[int], batch: int | None, lr: float | 
     return spec
 
 
-def summarise(folder: Path) -> dict:
+def changed_settings(setting: str, record: dict) -> dict:
+    """What a run set differently from Table 1's learned column of `setting` (its data's match batch size
+    included, which a `-b<N>` run changes)."""
+    table1 = tomllib.loads((GRIDS / f"table1_{setting}.toml").read_text())
+    base = {k: v for k, v in table1["methods"]["learned"].items() if k not in RUN_OPTIONS}
+    options = {k: v for k, v in record["options"].items() if k not in RUN_OPTIONS}
+    changed = {k: v for k, v in options.items() if base.get(k) != v}
+    changed.update({k: None for k in base if k not in options})  # an option the run left at its default
+    batch = next((part[1:] for part in record["method"].split("-") if part[:1] == "b" and part[1:].isdigit()), None)
+    if batch:
+        changed["match_batch_size"] = int(batch)
+    return changed
+
+
+def summarise(folder: Path, setting: str | None = None) -> dict:
     units = read_grid(folder)
     rows = {}
     for method, by_pair in units.items():
-        if not method.startswith("learned-"):
-            continue
         pairs = sorted(by_pair)
         recs = [by_pair[p] for p in pairs]
+        if recs[0]["info"].get("method") != "learned":
+            continue
         rows[method] = {"pairs": [list(p) for p in pairs], "steps": recs[0]["options"]["steps"],
+                        "changed": changed_settings(setting, recs[0]) if setting else {},
                         "barrier": _stats([r["barrier"] for r in recs]),
+                        "barrier_per_pair": [r["barrier"] for r in recs],
                         "seconds": _stats([solve_seconds(r) for r in recs]),
                         "steps_taken": _stats([r["info"]["steps"] for r in recs]),
                         "val_history": [r["info"]["val_history"] for r in recs]}
     return rows
 
 
+def lower_than_table1(rows: dict, row: dict) -> str:
+    """On how many of its pairs a run's barrier is below that of the run with Table 1's settings and the
+    same steps ("" where there is no such run, or this is it)."""
+    ref = next((r for r in rows.values() if not r.get("changed") and r["steps"] == row["steps"]), None)
+    if ref is None or ref is row:
+        return ""
+    theirs = dict(zip(map(tuple, ref["pairs"]), ref["barrier_per_pair"]))
+    shared = [(b, theirs[tuple(p)]) for p, b in zip(row["pairs"], row["barrier_per_pair"]) if tuple(p) in theirs]
+    return f"{sum(b < t for b, t in shared)}/{len(shared)}" if shared else ""
+
+
 def markdown(results: dict) -> str:
     out = [f"Learned matching per budget: test loss barrier and seconds of one core per pair, median [min, max] "
            f"(goal: median <= {GOAL} within {BUDGET_SECONDS:.0f} s):", "",
-           "| setting | run | pairs | steps taken | seconds | barrier | goal met |",
-           "|---|---|---:|---:|---:|---:|---|"]
+           "| setting | run | changed from Table 1 | pairs | steps taken | seconds | barrier | lower than Table 1's "
+           "settings | goal met |",
+           "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for setting, rows in results.items():
         for method, r in sorted(rows.items(), key=lambda kv: kv[1]["seconds"]["median"]):
             met = r["barrier"]["median"] <= GOAL
             within = r["seconds"]["median"] <= BUDGET_SECONDS
-            out.append(f"| {SETTINGS.get(setting, setting)} | {method} | {len(r['pairs'])} | "
+            changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items()) or "-"
+            out.append(f"| {SETTINGS.get(setting, setting)} | {method} | {changed} | {len(r['pairs'])} | "
                        f"{_fmt(r['steps_taken'], 0)} | {_fmt(r['seconds'], 0)} | {_fmt(r['barrier'])} | "
+                       f"{lower_than_table1(rows, r)} | "
                        f"{'yes' if met and within else ('barrier only' if met else 'no')} |")
     return "\n".join(out) + "\n"
 
@@ -92,11 +154,16 @@ def plot(results: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for setting, rows in results.items():
-        pts = sorted((r["seconds"]["median"], r["barrier"]["median"], r["barrier"]["min"], r["barrier"]["max"])
-                     for r in rows.values())
-        xs, ys, lo, hi = zip(*pts)
-        line, = ax.plot(xs, ys, "o-", label=SETTINGS.get(setting, setting))
-        ax.vlines(xs, lo, hi, color=line.get_color(), alpha=0.4)
+        curves: dict = {}  # one line per set of changed settings: its budgets
+        for r in rows.values():
+            changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items())
+            curves.setdefault(changed, []).append(
+                (r["seconds"]["median"], r["barrier"]["median"], r["barrier"]["min"], r["barrier"]["max"]))
+        for changed, pts in sorted(curves.items()):
+            xs, ys, lo, hi = zip(*sorted(pts))
+            label = SETTINGS.get(setting, setting) + (f" ({changed})" if changed else "")
+            line, = ax.plot(xs, ys, "o-", label=label)
+            ax.vlines(xs, lo, hi, color=line.get_color(), alpha=0.4)
     ax.axhline(GOAL, color="k", ls="--", lw=0.8)
     ax.axvline(BUDGET_SECONDS, color="k", ls=":", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="seconds of learned matching per pair (one core)",
@@ -114,6 +181,8 @@ def main():
     sp.add_argument("--steps", type=int, nargs="+", required=True)
     sp.add_argument("--match-batch-size", type=int)
     sp.add_argument("--lr", type=float)
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a learned-matching option for every budget (repeatable), e.g. temperature=2")
     sp.add_argument("--out", required=True)
     tp = sub.add_parser("table", help="summarise finished grids")
     tp.add_argument("grids", nargs="+", metavar="SETTING=FOLDER", help="a setting may be named more than once")
@@ -121,7 +190,7 @@ def main():
     args = p.parse_args()
     if args.cmd == "spec":
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        spec = derived_spec(args.setting, args.steps, args.match_batch_size, args.lr)
+        spec = derived_spec(args.setting, args.steps, args.match_batch_size, args.lr, parse_sets(args.set))
         Path(args.out).write_text(f"# derived from bench/grids/table1_{args.setting}.toml by bench/learned_budget.py\n"
                                   + to_toml(spec))
         print(f"-> {args.out}")
@@ -129,7 +198,7 @@ def main():
     results: dict = {}
     for g in args.grids:
         setting, _, folder = g.partition("=")
-        results.setdefault(setting, {}).update(summarise(Path(folder)))
+        results.setdefault(setting, {}).update(summarise(Path(folder), setting))
     record = {"kind": "learned_budget", "machine": cpu_model(), "cpu_capability": cpu_capability(),
               "grids": args.grids, "load_average": os.getloadavg(), "goal": GOAL,
               "budget_seconds": BUDGET_SECONDS, "settings": results}

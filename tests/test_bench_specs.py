@@ -55,6 +55,34 @@ def test_budget_grid_varies_steps_and_keeps_the_training_examples(setting):
     assert plain["data"] == t1["data"] and plain["methods"]["learned-300"]["lr"] == t1["methods"]["learned"]["lr"]
 
 
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_budget_grid_sets_any_learned_option_and_names_what_it_changed(setting):
+    """--set KEY=VALUE: the option in every budget's run, in its name, and reported as the change from
+    Table 1's learned column, with each pair compared against the unchanged run of the same steps."""
+    assert learned_budget.parse_sets(["augment=mixup", "clip=1", "x=true"]) == {"augment": "mixup", "clip": 1, "x": True}
+    sets = learned_budget.parse_sets(["temperature=2.5", "warmup=0.1", "lambdas_per_step=4"])
+    assert sets == {"temperature": 2.5, "warmup": 0.1, "lambdas_per_step": 4}
+    spec = learned_budget.derived_spec(setting, [300], None, 0.03, sets)
+    back = tomllib.loads(learned_budget.to_toml(spec))
+    parse_spec(back)  # a valid grid: every option known to the method, checked by its rule
+    (name, opts), = back["methods"].items()
+    assert name == "learned-300-lr0p03-temperature2p5-warmup0p1-lambdas_per_step4"
+    assert opts["temperature"] == 2.5 and opts["warmup"] == 0.1 and opts["lambdas_per_step"] == 4
+    record = {"method": name, "options": {k: v for k, v in opts.items() if k != "method"}}
+    assert learned_budget.changed_settings(setting, record) == {"lr": 0.03, **sets}
+    plain = {"method": "learned-300-b16", "options": dict(_table1(setting)["methods"]["learned"], steps=300)}
+    assert learned_budget.changed_settings(setting, plain) == {"match_batch_size": 16}
+    plain["method"] = "learned-300"
+    assert learned_budget.changed_settings(setting, plain) == {}
+    ref = {"steps": 300, "changed": {}, "pairs": [[0, 1], [2, 3], [4, 5]], "barrier_per_pair": [0.1, 0.2, 0.3]}
+    row = {"steps": 300, "changed": sets, "pairs": [[0, 1], [2, 3], [6, 7]], "barrier_per_pair": [0.05, 0.3, 0.0]}
+    rows = {"a": ref, "b": row}
+    assert learned_budget.lower_than_table1(rows, row) == "1/2"  # only the pairs both runs have
+    assert learned_budget.lower_than_table1(rows, ref) == ""
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        learned_budget.parse_sets(["augment"])
+
+
 def test_authors_code_reads_pairs_and_exports_our_gpt2_exactly(tmp_path):
     """bench/authors_code.py: --pairs parsed or refused in one line; our GPT-2 written as a Hugging Face
     folder that GPT2LMHeadModel reads back with our logits (what their code is given)."""
