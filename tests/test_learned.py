@@ -346,7 +346,7 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
 
 
 def test_presets_fill_what_is_not_given():
-    """preset="paper" (the paper's recipe), "distill" (end-model targets, Mixup on images, lambda ~ U[0, 1]),
+    """preset="paper" (the paper's recipe), "distill" (end-model targets, no augmentation, lambda ~ U[0, 1]),
     and "default": distill when the end models have memorised their training batches (loss < 0.05), else
     paper; an explicit keyword wins over any preset; "auto" augmentation is Mixup for images with the
     end-model target and nothing for labels or token ids."""
@@ -359,7 +359,9 @@ def test_presets_fill_what_is_not_given():
     assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (3e-3, "narrow", 4, "labels", None)
     d = lf.align(a, b, "learned", data=data, preset="distill", steps=4, eval_every=2).info
     assert (d["preset"], d["lr"], d["lam"], d["target"], d["val_fraction"]) == ("distill", 1e-2, "uniform", "endpoints", 0.2)
-    assert "Mixup" in d["augment"] and d["end_models_training_loss"] is None
+    assert d["augment"] is None and d["end_models_training_loss"] is None
+    assert "Mixup" in lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
+                               augment="auto").info["augment"]  # asked for: Mixup on images
     assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
     assert lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
                     augment=None).info["augment"] is None

@@ -23,7 +23,7 @@ def register(subparsers, parents):
                    help="matching method")
     a.add_argument("--preset", choices=PRESETS, default="default",
                    help="learned matching: the settings the options below leave unset: 'paper' (task loss, "
-                        "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, Mixup on images, lambda ~ U[0, 1], "
+                        "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, lambda ~ U[0, 1], "
                         "lr 1e-2), or 'default': distill when the end models have memorised their training data "
                         "(training loss < 0.05), else paper")
     a.add_argument("--steps", type=positive_int, default=None, help="learned matching: Adam steps (default: the preset's, 1000)")
@@ -38,7 +38,7 @@ def register(subparsers, parents):
                    help="learned matching: softens --target endpoints")
     a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default=None,
                    help="learned matching: input augmentation (mixup needs --target endpoints; images only; "
-                        "auto: mixup for images with --target endpoints; default: the preset's, paper none, distill auto)")
+                        "auto: mixup for images with --target endpoints; default: none)")
     a.add_argument("--residual-only", action="store_true",
                    help="activation matching: the residual stream's rotation from its activations alone, every "
                         "other group by weight matching given it (cheap: no head or MLP statistics; default: off)")

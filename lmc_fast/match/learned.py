@@ -273,13 +273,15 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
 
 #: Learned matching's settings by preset; a keyword given explicitly overrides its preset's value.
 #: "paper": the paper's recipe (task loss, lambda ~ U[0.4, 0.6], lr 3e-3, 4 lambdas a step);
-#: "distill": end-model targets, Mixup on images, lambda ~ U[0, 1], lr 1e-2, 20% validation.
+#: "distill": end-model targets on the training inputs as they are, lambda ~ U[0, 1], lr 1e-2, 20% validation.
+#: (Mixup blends, its first recipe, were higher on every digits ViT pair at 300 and 800 steps and every
+#: Fashion-MNIST pair at 300, and slower: bench/results/learned_settings.md.)
 #: "default" picks one of them from the data (`default_preset`).
 PRESETS = {
     "paper": dict(steps=1000, lr=3e-3, lam="narrow", lambdas_per_step=4, val_fraction=0.1, eval_every=50,
                   patience=6, target="labels", augment=None, weight_decay=0.0, warmup=0.0, clip=None),
     "distill": dict(steps=1000, lr=1e-2, lam="uniform", lambdas_per_step=2, val_fraction=0.2, eval_every=100,
-                    patience=6, target="endpoints", augment="auto", weight_decay=0.0, warmup=0.0, clip=None),
+                    patience=6, target="endpoints", augment=None, weight_decay=0.0, warmup=0.0, clip=None),
 }
 assert set(PRESET_NAMES) == {"default", *PRESETS}  # options.py names them for the checks
 #: End models whose mean training loss is below this have memorised their training data: the labels
@@ -363,8 +365,8 @@ def learned_matching(model_a, model_b, data, *, preset: str = "default", steps: 
 
     Settings left unset come from `preset`: "paper", "distill" (PRESETS) or "default", which is
     "distill" when the end models' training loss on `data` is below MEMORISED_LOSS (they have
-    memorised it) and "paper" otherwise. augment: "auto" (Mixup for
-    images with target "endpoints"), None / "none", or an object from lmc_fast.data.augment.
+    memorised it) and "paper" otherwise. augment: None / "none" (every preset's), "auto" (Mixup
+    for images with target "endpoints"), or an object from lmc_fast.data.augment.
     weight_decay (AdamW when > 0), warmup (a fraction of the steps before the cosine decay) and
     clip (the gradients' max norm) are the optimiser's. `init`: the starting alignment (default:
     weight matching; for language models, with the token-frequency prior of `data`, see
