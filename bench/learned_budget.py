@@ -147,30 +147,35 @@ def markdown(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
+    """One panel per setting, one line per set of changed settings through its budgets; the barrier axis is
+    linear below 1e-3 (symlog) so that pairs at zero show."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for setting, rows in results.items():
+    fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 5.2), squeeze=False)
+    for ax, (setting, rows) in zip(axes[0], results.items()):
         curves: dict = {}  # one line per set of changed settings: its budgets
         for r in rows.values():
             changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items())
             curves.setdefault(changed, []).append(
                 (r["seconds"]["median"], r["barrier"]["median"], r["barrier"]["min"], r["barrier"]["max"]))
-        for changed, pts in sorted(curves.items()):
+        colours = plt.get_cmap("tab20")
+        for i, (changed, pts) in enumerate(sorted(curves.items())):
             xs, ys, lo, hi = zip(*sorted(pts))
-            label = SETTINGS.get(setting, setting) + (f" ({changed})" if changed else "")
-            line, = ax.plot(xs, ys, "o-", label=label)
-            ax.vlines(xs, lo, hi, color=line.get_color(), alpha=0.4)
-    ax.axhline(GOAL, color="k", ls="--", lw=0.8)
-    ax.axvline(BUDGET_SECONDS, color="k", ls=":", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="seconds of learned matching per pair (one core)",
-           ylabel="test loss barrier (median, range)")
-    ax.legend(fontsize=8)
+            line, = ax.plot(xs, ys, "o-", color=colours(i % 20), label=changed or "Table 1's settings")
+            ax.vlines(xs, lo, hi, color=line.get_color(), alpha=0.35)
+        ax.axhline(GOAL, color="k", ls="--", lw=0.8)
+        ax.axvline(BUDGET_SECONDS, color="k", ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylim(bottom=0)  # a barrier is never below zero (the path's ends are on the chord)
+        ax.set(title=SETTINGS.get(setting, setting), xlabel="seconds of learned matching per pair (one core)",
+               ylabel="test loss barrier (median, range)")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def main():
