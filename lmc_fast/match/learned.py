@@ -274,8 +274,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
 #: Learned matching's settings by preset; a keyword given explicitly overrides its preset's value.
 #: "paper": the paper's recipe (task loss, lambda ~ U[0.4, 0.6], lr 3e-3, 4 lambdas a step);
 #: "distill": end-model targets on the training inputs as they are, lambda ~ U[0, 1], lr 1e-2, 20% validation.
-#: (Mixup blends, its first recipe, were higher on every digits ViT pair at 300, 800 and 1000 steps and every
-#: Fashion-MNIST pair at 300, and slower: bench/results/learned_settings.md.)
+#: (Mixup blends, its first recipe, were higher on every Fashion-MNIST ViT pair at 300 steps and on 7 of 10
+#: digits pairs at 1000 (medians 0.039 vs 0.030), and 20% slower: bench/results/learned_settings.md.)
 #: "default" picks one of them from the data (`default_preset`).
 PRESETS = {
     "paper": dict(steps=1000, lr=3e-3, lam="narrow", lambdas_per_step=4, val_fraction=0.1, eval_every=50,
