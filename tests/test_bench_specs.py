@@ -161,3 +161,27 @@ def test_gemm_meter_counts_the_flops_it_times_and_restores_the_library():
     with pytest.raises(RuntimeError), bench_stream_scale.GemmMeter():
         raise RuntimeError("the body failed")
     assert (solve.axes_correlation, heads.correlation, Orthogonal.apply) == originals
+
+
+def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
+    """Planted grids: on digits distill is lower (the library's rule picks it there), on GPT-2 paper is, so
+    "always distill" loses exactly the GPT-2 pair and the rule loses none; regrets are the exact differences."""
+    import json
+    import subprocess
+
+    def grid(name, distill, paper):
+        folder = tmp_path / "table1" / name
+        folder.mkdir(parents=True)
+        recs = [{"method": m, "pair": [0, 1], "barrier": b, "seconds": {"solve": 10.0}, "info": {}}
+                for m, b in (("learned", distill), ("learned-paper", paper), ("weight", 1.0))]
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    grid("digits", 0.01, 0.05)
+    grid("shakespeare", 0.03, 0.02)
+    subprocess.run([sys.executable, str(BENCH / "preset_rules.py"), "--table1", str(tmp_path / "table1"),
+                    "--out", str(tmp_path / "rules")], check=True, capture_output=True)
+    c = json.loads((tmp_path / "rules.json").read_text())["candidates"]
+    assert c["library rule"]["pairs_lost"] == 0 and c["library rule"]["worst_absolute"] == 0
+    assert c["always distill"]["pairs_lost"] == 1 and c["always distill"]["worst_absolute"] == pytest.approx(0.01)
+    assert c["always distill"]["worst_relative"] == pytest.approx(0.5)
+    assert c["always paper"]["worst_absolute"] == pytest.approx(0.04) and c["always paper"]["worst_relative"] == pytest.approx(4.0)
