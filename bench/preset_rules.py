@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learned_subsets import RESULTS, SETTINGS, read_grid, solve_seconds  # noqa: E402
+from learned_subsets import RESULTS, SETTINGS, _fmt, _stats, read_grid, solve_seconds  # noqa: E402
 from common import write_study  # noqa: E402
 
 from lmc_fast.match.learned import MEMORISED_LOSS, default_preset  # noqa: E402
@@ -74,8 +74,7 @@ def main():
     for key, rows in settings.items():
         d, pp = [r[DISTILL] for r in rows], [r[PAPER] for r in rows]
         wins = sum(r[DISTILL] < r[PAPER] for r in rows)
-        lines.append(f"| {SETTINGS[key]} | {len(rows)} | {statistics.median(d):.4f} [{min(d):.4f}, {max(d):.4f}] | "
-                     f"{statistics.median(pp):.4f} [{min(pp):.4f}, {max(pp):.4f}] | {wins}/{len(rows)} | "
+        lines.append(f"| {SETTINGS[key]} | {len(rows)} | {_fmt(_stats(d), 4)} | {_fmt(_stats(pp), 4)} | {wins}/{len(rows)} | "
                      f"{'distill' if choice('library rule', key) == DISTILL else 'paper'} |")
     lines += ["", f"Regret of each default over all {sum(map(len, settings.values()))} pairs: the chosen preset's "
               "barrier minus the lower of the two (absolute), and over it (relative); worst pair and mean.", "",
