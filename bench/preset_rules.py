@@ -1,16 +1,17 @@
-"""Which learned-matching preset `preset="default"` should pick: "distill" against "paper", pair by pair.
+"""Which learned-matching preset `preset="default"` should pick, pair by pair: "distill", "paper" or "labels".
 
-For every Table 1 setting whose grid has both learned columns ("learned": the distill settings; "learned-paper":
-the paper's), the per-pair barriers, which preset is lower, and the regret of each candidate default (always
-distill, always paper, the library's rule `default_preset`): the chosen preset's barrier minus the better one's
-(absolute) and over it (relative). `--equal-seconds DIR` adds a grid comparing the two at equal seconds rather than
-equal steps (a paper step evaluates 4 lambdas, a distill step 2).
+For every Table 1 setting, the per-pair barriers of each preset at 300 steps, which is lowest, and the regret of
+each candidate default (always one preset; the library's rule `default_preset`): the chosen preset's barrier minus
+the lowest one's (absolute) and over it (relative). "labels" is the distill settings with the task-loss target, the
+candidate from the GPT-2 study. A setting's presets come from committed grids (SOURCES) that hold the same models,
+checked by their fingerprints. The equal-seconds section compares distill at more steps against paper on the GPT-2s.
 
-    python bench/preset_rules.py --equal-seconds /tmp/lmc_grids/ls_shakespeare_equal --out bench/results/preset_rules
+    python bench/preset_rules.py --out bench/results/preset_rules
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -21,63 +22,87 @@ from common import write_study  # noqa: E402
 
 from lmc_fast.match.learned import MEMORISED_LOSS, default_preset  # noqa: E402
 
-DISTILL, PAPER = "learned", "learned-paper"
+#: each preset and the grid columns that ran it at 300 steps (Table 1's name, then the studies')
+PRESETS = {"distill": ("learned", "learned-300"), "paper": ("learned-paper", "learned-paper-300"),
+           "labels": ("learned-labels", "learned-300-targetlabels")}
+#: per setting, the folders under bench/results whose columns are compared: they must hold the same models. The
+#: GPT-2s' Table 1 row holds other models than the studies that ran all three presets, so they come from those.
+SOURCES = {"digits": ("table1/digits", "learned_settings/digits_labels"),
+           "fashion": ("table1/fashion", "learned_settings/fashion_labels"),
+           "shakespeare": ("learned_settings/shakespeare_equal_seconds", "learned_settings/shakespeare_presets_parts"),
+           "llama": ("table1/llama", "learned_settings/llama_labels"),
+           "neox": ("table1/neox",)}
+EQUAL_SECONDS = "learned_settings/shakespeare_equal_seconds"
 #: the end models' training loss on the matching batches, as measured for Table 1 (README, "Table 1"): the input of
 #: the library's rule. Only its side of MEMORISED_LOSS matters, and every setting is far from it.
 TRAINING_LOSS = {"digits": 7e-4, "fashion": 0.55, "shakespeare": 2.5, "llama": 2.1, "neox": 2.1}
-CANDIDATES = ("always distill", "always paper", "library rule")
+CANDIDATES = ("always distill", "always paper", "always labels", "library rule")
 
 
 def choice(candidate: str, setting: str) -> str:
-    if candidate == "always distill":
-        return DISTILL
-    if candidate == "always paper":
-        return PAPER
-    return DISTILL if default_preset(TRAINING_LOSS[setting]) == "distill" else PAPER
+    if candidate.startswith("always "):
+        return candidate.removeprefix("always ")
+    return default_preset(TRAINING_LOSS[setting])
 
 
-def compare(units: dict, a: str, b: str) -> list[dict]:
-    """Per pair both runs hold: the barriers of a and b and their solve seconds."""
-    pairs = sorted(set(units.get(a, {})) & set(units.get(b, {})))
-    return [{"pair": list(p), a: units[a][p]["barrier"], b: units[b][p]["barrier"],
-             f"{a} s": solve_seconds(units[a][p]), f"{b} s": solve_seconds(units[b][p])} for p in pairs]
+def fingerprints(folder: Path):
+    grid = folder / "grid.json"
+    return json.loads(grid.read_text()).get("fingerprints") if grid.is_file() else None
+
+
+def setting_rows(root: Path, setting: str) -> list[dict]:
+    """Per pair, each preset's barrier and solve seconds from the setting's sources (the first column found)."""
+    folders = [root / s for s in SOURCES[setting] if (root / s / "results.jsonl").is_file()]
+    if not folders:
+        return []
+    prints = [fingerprints(f) for f in folders]
+    for f, fp in zip(folders[1:], prints[1:]):
+        if fp is not None and prints[0] is not None and fp != prints[0]:
+            raise SystemExit(f"{f}: holds other models than {folders[0]} (their fingerprints differ)")
+    found: dict = {}
+    for folder in folders:
+        units = read_grid(folder)
+        for preset, columns in PRESETS.items():
+            for column in columns:
+                for pair, record in units.get(column, {}).items():
+                    found.setdefault(pair, {}).setdefault(preset, record)
+    return [{"pair": list(pair), **{p: found[pair][p]["barrier"] for p in found[pair]},
+             **{f"{p} s": solve_seconds(found[pair][p]) for p in found[pair]}}
+            for pair in sorted(found) if set(found[pair]) == set(PRESETS)]
 
 
 def regrets(rows: list[dict], chosen: str) -> list[tuple[float, float]]:
     out = []
     for r in rows:
-        best = min(r[DISTILL], r[PAPER])
+        best = min(r[p] for p in PRESETS)
         out.append((r[chosen] - best, (r[chosen] - best) / best if best > 0 else 0.0))
     return out
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--table1", type=Path, default=RESULTS / "table1", help="folder of Table 1's grid folders")
-    p.add_argument("--equal-seconds", type=Path, help="a grid with learned-N (distill) and learned-paper-M columns")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the folder SOURCES are under (bench/results)")
     p.add_argument("--out", type=Path, default=RESULTS / "preset_rules")
     args = p.parse_args()
 
-    settings = {}
-    for key in SETTINGS:
-        folder = args.table1 / key
-        if (folder / "results.jsonl").is_file():
-            rows = compare(read_grid(folder), DISTILL, PAPER)
-            if rows:
-                settings[key] = rows
+    settings = {key: rows for key in SETTINGS if (rows := setting_rows(args.results, key))}
     if not settings:
-        raise SystemExit(f"{args.table1}: no setting has both {DISTILL} and {PAPER}")
+        raise SystemExit(f"{args.results}: no setting has a pair with all of {', '.join(PRESETS)}")
 
-    lines = ["Learned matching's two presets per Table 1 pair (300 steps each): barrier of `distill` (the \"learned\" "
-             "column) and `paper` (\"learned-paper\"), median [min, max], and on how many pairs `distill` is lower.", "",
-             "| setting | pairs | distill | paper | distill lower | library rule picks |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["Learned matching's presets per Table 1 pair (300 steps each): barrier of `distill` (end-model targets, "
+             "lambda ~ U[0, 1], lr 1e-2), `paper` (task loss, lambda ~ U[0.4, 0.6], 4 a step, lr 3e-3) and `labels` "
+             "(distill's settings with the task loss), median [min, max], and on how many pairs each is the lowest.",
+             "", "| setting | pairs | " + " | ".join(PRESETS) + " | " + " | ".join(f"{p} lowest" for p in PRESETS)
+             + " | library rule picks |", "|---|---:|" + "---:|" * (2 * len(PRESETS)) + "---|"]
     for key, rows in settings.items():
-        d, pp = [r[DISTILL] for r in rows], [r[PAPER] for r in rows]
-        wins = sum(r[DISTILL] < r[PAPER] for r in rows)
-        lines.append(f"| {SETTINGS[key]} | {len(rows)} | {_fmt(_stats(d), 4)} | {_fmt(_stats(pp), 4)} | {wins}/{len(rows)} | "
-                     f"{'distill' if choice('library rule', key) == DISTILL else 'paper'} |")
-    lines += ["", f"Regret of each default over all {sum(map(len, settings.values()))} pairs: the chosen preset's "
-              "barrier minus the lower of the two (absolute), and over it (relative); worst pair and mean.", "",
+        lowest = {p: sum(r[p] == min(r[q] for q in PRESETS) for r in rows) for p in PRESETS}
+        lines.append(f"| {SETTINGS[key]} | {len(rows)} | "
+                     + " | ".join(_fmt(_stats([r[p] for r in rows]), 4) for p in PRESETS) + " | "
+                     + " | ".join(f"{lowest[p]}/{len(rows)}" for p in PRESETS) + f" | {choice('library rule', key)} |")
+    lines += ["", "Sources (same models within a setting): " + "; ".join(
+                  f"{key}: {', '.join(SOURCES[key])}" for key in settings) + ".", "",
+              f"Regret of each default over all {sum(map(len, settings.values()))} pairs: the chosen preset's "
+              "barrier minus the lowest of the three (absolute), and over it (relative); worst pair and mean.", "",
               "| default | worst absolute | mean absolute | worst relative | mean relative | pairs it loses |",
               "|---|---:|---:|---:|---:|---:|"]
     summary = {}
@@ -91,16 +116,17 @@ def main():
         lines.append(f"| {cand} | {s['worst_absolute']:.4f} | {s['mean_absolute']:.4f} | {s['worst_relative']:.0%} | "
                      f"{s['mean_relative']:.0%} | {s['pairs_lost']}/{s['pairs']} |")
 
-    record = {"memorised_loss": MEMORISED_LOSS, "training_loss": TRAINING_LOSS, "settings": settings,
-              "candidates": summary}
-    if args.equal_seconds:
-        units = read_grid(args.equal_seconds)
+    record = {"memorised_loss": MEMORISED_LOSS, "training_loss": TRAINING_LOSS, "presets": PRESETS,
+              "sources": {key: SOURCES[key] for key in settings}, "settings": settings, "candidates": summary}
+    equal_seconds = args.results / EQUAL_SECONDS
+    if (equal_seconds / "results.jsonl").is_file():
+        units = read_grid(equal_seconds)
         distills = sorted((m for m in units if m.startswith("learned-") and not m.startswith("learned-paper")),
                           key=lambda m: int(m.split("-")[1]))
         papers = [m for m in units if m.startswith("learned-paper")]
         if not distills or len(papers) != 1:
-            raise SystemExit(f"{args.equal_seconds}: wants learned-N columns and one learned-paper-M column")
-        lines += ["", f"At equal seconds ({args.equal_seconds.name}): `distill` at more steps against `paper`, per pair "
+            raise SystemExit(f"{equal_seconds}: wants learned-N columns and one learned-paper-M column")
+        lines += ["", f"At equal seconds ({equal_seconds.name}): `distill` at more steps against `paper`, per pair "
                   "(barrier, solve seconds):", "",
                   "| pair | " + " | ".join(distills + papers) + " |", "|---|" + "---:|" * (len(distills) + 1)]
         pairs = sorted(set.intersection(*(set(units[m]) for m in distills + papers)))
@@ -115,7 +141,7 @@ def main():
         lower = {m: sum(r[m] < r[papers[0]] for r in rows) for m in distills}
         lines += ["", "Pairs where `distill` is lower than `paper`: " +
                   ", ".join(f"{m} {lower[m]}/{len(rows)}" for m in distills) + "."]
-        record["equal_seconds"] = {"grid": args.equal_seconds.name, "rows": rows, "medians": med,
+        record["equal_seconds"] = {"grid": equal_seconds.name, "rows": rows, "medians": med,
                                    "median_seconds": secs, "distill_lower": lower}
     write_study(args.out, record, "\n".join(lines) + "\n")
 

@@ -164,24 +164,41 @@ def test_gemm_meter_counts_the_flops_it_times_and_restores_the_library():
 
 
 def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
-    """Planted grids: on digits distill is lower (the library's rule picks it there), on GPT-2 paper is, so
-    "always distill" loses exactly the GPT-2 pair and the rule loses none; regrets are the exact differences."""
+    """Planted grids: on digits distill is lowest (the library's rule picks it there), on GPT-2 labels is, so
+    "always distill" loses exactly the GPT-2 pair, the rule (paper there) loses it too and "always labels" loses
+    the digits pair; regrets are the exact differences. Grids with other models in one setting are refused."""
     import json
     import subprocess
 
-    def grid(name, distill, paper):
-        folder = tmp_path / "table1" / name
+    def grid(folder, barriers, prints=("a", "b")):
+        folder = tmp_path / "results" / folder
         folder.mkdir(parents=True)
         recs = [{"method": m, "pair": [0, 1], "barrier": b, "seconds": {"solve": 10.0}, "info": {}}
-                for m, b in (("learned", distill), ("learned-paper", paper), ("weight", 1.0))]
+                for m, b in barriers.items()]
         (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (folder / "grid.json").write_text(json.dumps({"fingerprints": list(prints)}))
 
-    grid("digits", 0.01, 0.05)
-    grid("shakespeare", 0.03, 0.02)
-    subprocess.run([sys.executable, str(BENCH / "preset_rules.py"), "--table1", str(tmp_path / "table1"),
-                    "--out", str(tmp_path / "rules")], check=True, capture_output=True)
-    c = json.loads((tmp_path / "rules.json").read_text())["candidates"]
-    assert c["library rule"]["pairs_lost"] == 0 and c["library rule"]["worst_absolute"] == 0
-    assert c["always distill"]["pairs_lost"] == 1 and c["always distill"]["worst_absolute"] == pytest.approx(0.01)
-    assert c["always distill"]["worst_relative"] == pytest.approx(0.5)
+    grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0})
+    grid("learned_settings/digits_labels", {"learned-labels": 0.04, "none": 2.0})
+    grid("learned_settings/shakespeare_equal_seconds", {"learned-300": 0.03, "learned-paper-300": 0.02})
+    grid("learned_settings/shakespeare_presets_parts", {"learned-300-targetlabels": 0.015})
+
+    def rules():
+        return subprocess.run([sys.executable, str(BENCH / "preset_rules.py"), "--results", str(tmp_path / "results"),
+                               "--out", str(tmp_path / "rules")], capture_output=True, text=True)
+
+    assert rules().returncode == 0
+    record = json.loads((tmp_path / "rules.json").read_text())
+    c = record["candidates"]
+    assert c["always distill"]["pairs_lost"] == 1 and c["always distill"]["worst_absolute"] == pytest.approx(0.015)
+    assert c["always distill"]["worst_relative"] == pytest.approx(1.0)
     assert c["always paper"]["worst_absolute"] == pytest.approx(0.04) and c["always paper"]["worst_relative"] == pytest.approx(4.0)
+    assert c["always labels"]["pairs_lost"] == 1 and c["always labels"]["worst_absolute"] == pytest.approx(0.03)
+    assert c["library rule"]["pairs_lost"] == 1 and c["library rule"]["worst_absolute"] == pytest.approx(0.005)
+    assert record["equal_seconds"]["distill_lower"] == {"learned-300": 0}
+
+    grid("learned_settings/llama_labels", {"learned-labels": 0.1}, prints=("c", "d"))
+    grid("table1/llama", {"learned": 0.1, "learned-paper": 0.2})
+    refused = rules()
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "llama_labels: holds other models" in refused.stderr.strip().splitlines()[-1]
