@@ -31,7 +31,7 @@ SOURCES = {"digits": ("table1/digits", "learned_settings/digits_labels"),
            "fashion": ("table1/fashion", "learned_settings/fashion_labels"),
            "shakespeare": ("learned_settings/shakespeare_equal_seconds", "learned_settings/shakespeare_presets_parts"),
            "llama": ("table1/llama", "learned_settings/llama_labels"),
-           "neox": ("table1/neox",)}
+           "neox": ("table1/neox", "learned_settings/neox_labels")}
 EQUAL_SECONDS = "learned_settings/shakespeare_equal_seconds"
 #: the end models' training loss on the matching batches, as measured for Table 1 (README, "Table 1"): the input of
 #: the library's rule. Only its side of MEMORISED_LOSS matters, and every setting is far from it.
