@@ -164,24 +164,28 @@ def test_gemm_meter_counts_the_flops_it_times_and_restores_the_library():
 
 
 def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
-    """Planted grids: on digits distill is lowest (the library's rule picks it there), on GPT-2 labels is, so
-    "always distill" loses exactly the GPT-2 pair, the rule (paper there) loses it too and "always labels" loses
-    the digits pair; regrets are the exact differences. Grids with other models in one setting are refused."""
+    """Planted grids: on digits distill is lowest (the library's rule picks it there), on GPT-2 labels is (the
+    rule's pick), on BERT paper is, so "always distill" loses the GPT-2 and BERT pairs, the rule (labels on BERT)
+    the BERT pair and "always labels" the digits and BERT pairs; regrets are the exact differences; the rule
+    follows each pair's recorded training loss. Grids with other models in one setting, or pairs without a
+    recorded loss, are refused."""
     import json
     import subprocess
 
-    def grid(folder, barriers, prints=("a", "b")):
+    def grid(folder, barriers, prints=("a", "b"), loss=None):
         folder = tmp_path / "results" / folder
-        folder.mkdir(parents=True)
-        recs = [{"method": m, "pair": [0, 1], "barrier": b, "seconds": {"solve": 10.0}, "info": {}}
+        folder.mkdir(parents=True, exist_ok=True)
+        info = {} if loss is None else {"end_models_training_loss": loss}
+        recs = [{"method": m, "pair": [0, 1], "barrier": b, "seconds": {"solve": 10.0}, "info": info}
                 for m, b in barriers.items()]
         (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         (folder / "grid.json").write_text(json.dumps({"fingerprints": list(prints)}))
 
-    grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0})
+    grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0}, loss=7e-4)
     grid("learned_settings/digits_labels", {"learned-labels": 0.04, "none": 2.0})
-    grid("learned_settings/shakespeare_equal_seconds", {"learned-300": 0.03, "learned-paper-300": 0.02})
+    grid("learned_settings/shakespeare_equal_seconds", {"learned-300": 0.03, "learned-paper-300": 0.02}, loss=2.5)
     grid("learned_settings/shakespeare_presets_parts", {"learned-300-targetlabels": 0.015})
+    grid("learned_settings/bert_presets", {"learned": 0.3, "learned-labels": 0.2, "learned-paper": 0.1}, loss=3.1)
 
     def rules():
         return subprocess.run([sys.executable, str(BENCH / "preset_rules.py"), "--results", str(tmp_path / "results"),
@@ -190,15 +194,28 @@ def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
     assert rules().returncode == 0
     record = json.loads((tmp_path / "rules.json").read_text())
     c = record["candidates"]
-    assert c["always distill"]["pairs_lost"] == 1 and c["always distill"]["worst_absolute"] == pytest.approx(0.015)
-    assert c["always distill"]["worst_relative"] == pytest.approx(1.0)
+    assert c["always distill"]["pairs_lost"] == 2 and c["always distill"]["worst_absolute"] == pytest.approx(0.2)
+    assert c["always distill"]["worst_relative"] == pytest.approx(2.0)
     assert c["always paper"]["worst_absolute"] == pytest.approx(0.04) and c["always paper"]["worst_relative"] == pytest.approx(4.0)
-    assert c["always labels"]["pairs_lost"] == 1 and c["always labels"]["worst_absolute"] == pytest.approx(0.03)
-    assert c["library rule"]["pairs_lost"] == 1 and c["library rule"]["worst_absolute"] == pytest.approx(0.005)
+    assert c["always paper"]["pairs_lost"] == 2
+    assert c["always labels"]["pairs_lost"] == 2 and c["always labels"]["worst_relative"] == pytest.approx(3.0)
+    assert c["always labels"]["worst_absolute"] == pytest.approx(0.1)
+    assert c["library rule"]["pairs_lost"] == 1 and c["library rule"]["worst_absolute"] == pytest.approx(0.1)
+    assert c["library rule"]["mean_absolute"] == pytest.approx(0.1 / 3)
     assert record["equal_seconds"]["distill_lower"] == {"learned-300": 0}
+
+    # the rule reads each pair's recorded training loss: digits models not memorised -> labels there (0.03 more)
+    grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0}, loss=0.5)
+    assert rules().returncode == 0
+    c = json.loads((tmp_path / "rules.json").read_text())["candidates"]
+    assert c["library rule"]["pairs_lost"] == 2 and c["library rule"]["mean_absolute"] == pytest.approx(0.13 / 3)
 
     grid("learned_settings/llama_labels", {"learned-labels": 0.1}, prints=("c", "d"))
     grid("table1/llama", {"learned": 0.1, "learned-paper": 0.2})
     refused = rules()
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "llama_labels: holds other models" in refused.stderr.strip().splitlines()[-1]
+    grid("learned_settings/llama_labels", {"learned-labels": 0.1})  # the same models, but no loss recorded
+    refused = rules()
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "no end_models_training_loss" in refused.stderr.strip().splitlines()[-1]

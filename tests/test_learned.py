@@ -347,16 +347,18 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
 
 def test_presets_fill_what_is_not_given():
     """preset="paper" (the paper's recipe), "distill" (end-model targets, no augmentation, lambda ~ U[0, 1]),
-    and "default": distill when the end models have memorised their training batches (loss < 0.05), else
-    paper; an explicit keyword wins over any preset; "auto" augmentation is Mixup for images with the
-    end-model target and nothing for labels or token ids."""
+    "labels" (distill's settings with the task loss) and "default": distill when the end models have memorised
+    their training batches (loss < 0.05), else labels; an explicit keyword wins over any preset; "auto"
+    augmentation is Mixup for images with the end-model target and nothing for labels or token ids."""
     from lmc_fast.match.learned import MEMORISED_LOSS, PRESET_NAMES, PRESETS, default_preset, preset_settings
 
-    assert default_preset(7e-4) == "distill" and default_preset(0.55) == "paper" and default_preset(MEMORISED_LOSS) == "paper"
+    assert default_preset(7e-4) == "distill" and default_preset(0.55) == "labels" and default_preset(MEMORISED_LOSS) == "labels"
     a, b, data = _vit_pair_and_data(103, 104)
     i = lf.align(a, b, "learned", data=data, steps=4, eval_every=2).info  # random models: far from memorised
-    assert i["preset"] == "paper" and i["end_models_training_loss"] > MEMORISED_LOSS
-    assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (3e-3, "narrow", 4, "labels", None)
+    assert i["preset"] == "labels" and i["end_models_training_loss"] > MEMORISED_LOSS
+    assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (1e-2, "uniform", 2, "labels", None)
+    p = lf.align(a, b, "learned", data=data, preset="paper", steps=4, eval_every=2).info
+    assert (p["preset"], p["lr"], p["lam"], p["lambdas_per_step"], p["target"]) == ("paper", 3e-3, "narrow", 4, "labels")
     d = lf.align(a, b, "learned", data=data, preset="distill", steps=4, eval_every=2).info
     assert (d["preset"], d["lr"], d["lam"], d["target"], d["val_fraction"]) == ("distill", 1e-2, "uniform", "endpoints", 0.2)
     assert d["augment"] is None and d["end_models_training_loss"] is None
@@ -365,7 +367,11 @@ def test_presets_fill_what_is_not_given():
     assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
     assert lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
                     augment=None).info["augment"] is None
-    assert set(PRESETS) == {"paper", "distill"} and PRESET_NAMES == ("default", "paper", "distill")
+    assert set(PRESETS) == {"paper", "distill", "labels"} and PRESET_NAMES == ("default", "paper", "distill", "labels")
+    assert PRESETS["labels"] == {**PRESETS["distill"], "target": "labels"}
+    from lmc_fast.cli.align import PRESETS as CLI_PRESETS  # the command line's copy (it does not import torch)
+
+    assert CLI_PRESETS == PRESET_NAMES
     assert preset_settings("paper", steps=7)["steps"] == 7
     with pytest.raises(ValueError, match="preset must be one of"):
         lf.align(a, b, "learned", data=data, preset="fast")
