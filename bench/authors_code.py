@@ -11,8 +11,9 @@ a drifting machine load hits both sides alike):
 - ours WM+prior: `lf.align(a, b, "weight", token_counts=counts)`;
 - theirs learned: that merger trained as their train_merger.py trains it (HF Trainer: AdamW, weight decay
   0.01, cosine with 5% warm-up, clip 1, lambda ~ U[0.4, 0.6] one per step), --steps at --lr;
-- ours learned, `preset="paper"` at --steps and --lr, and with the library's settings of
-  bench/grids/table1_shakespeare.toml [methods.learned] at --steps.
+- ours learned, `preset="paper"` at --steps and --lr, with the library's settings of
+  bench/grids/table1_shakespeare.toml [methods.learned] at --steps, and `preset="labels"` (the library's
+  default for these models) at --steps and at --long-steps.
 Same models (exported to Hugging Face's GPT-2 and checked: logits equal ours), same data as the Table 1
 grid (its test blocks; matching on its 60 training batches, the token counts from them; both learned runs
 train on the same 90% and validate on the same 10%), the same 11 lambdas, and one evaluator: mean token
@@ -44,6 +45,9 @@ COLUMNS = (("theirs_wm", "theirs", "GPTMerger(A, B, token_freqs): their weight m
            ("ours_default", "ours", "lf.align(a, b, \"learned\", **table1_shakespeare.toml [methods.learned])"),
            ("ours_their_loop", "ours", 'lf.align(a, b, "learned", preset="paper") with their loop: one lambda a '
             'step, AdamW weight decay 0.01, 5% warm-up, clip 1'),
+           ("ours_labels", "ours", 'lf.align(a, b, "learned", preset="labels"): the library\'s default for end models '
+            'that have not memorised their data (distill\'s settings with the task loss), --steps'),
+           ("ours_labels_long", "ours", 'the same at --long-steps'),
            # start and parametrisation apart: their merger (QK/OV circuits, RMSNorm with bias) fed B already
            # aligned by our weight matching, their own weight matching skipped (0 iterations)
            # (their seconds include our weight matching's)
@@ -56,6 +60,7 @@ THEIR_LOOP = {"lambdas_per_step": 1, "weight_decay": 0.01, "warmup": 0.05, "clip
 #: ours against theirs, per pair: (ratio name, ours, theirs)
 RATIOS = (("wm", "ours_wm", "theirs_wm"), ("learned_paper", "ours_paper", "theirs_learned"),
           ("learned_default", "ours_default", "theirs_learned"), ("their_loop", "ours_their_loop", "theirs_learned"),
+          ("learned_labels", "ours_labels", "theirs_learned"), ("learned_labels_long", "ours_labels_long", "theirs_learned"),
           # the start, on their path: our weight matching / theirs
           ("start_wm", "theirs_path_ours_wm", "theirs_wm"), ("start_learned", "theirs_learned_ours_wm", "theirs_learned"),
           # the parametrisation, from our start: our path / theirs
@@ -97,15 +102,16 @@ def parse_args(argv=None):
     p.add_argument("--models", default="/tmp/lmc_grids/ls_shakespeare/models", help="folder of seedN models")
     p.add_argument("--steps", type=int, default=300, help="steps of every learned run")
     p.add_argument("--lr", type=float, default=3e-3, help="theirs learned and ours preset='paper'")
+    p.add_argument("--long-steps", type=int, default=600, help="steps of ours_labels_long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="/tmp/authors_code", help="scratch folder: exported models, data, jobs")
     p.add_argument("--out", default=str(BENCH / "results" / "authors_code"), help="OUT.json and OUT.md")
     p.add_argument("--columns", nargs="+", choices=[c for c, _, _ in COLUMNS],
-                   help="run only these columns and add them to the pairs of an existing OUT.json (same pairs, "
-                        "steps, lr): a column added later without running the others again")
+                   help="run only these columns: added to the pairs of OUT.json where it exists (same pairs, "
+                        "steps, lr), else a new study of these columns alone")
     args = p.parse_args(argv)
-    if args.steps < 1 or not args.lr > 0:
-        fail("--steps must be at least 1 and --lr positive")
+    if args.steps < 1 or args.long_steps < 1 or not args.lr > 0:
+        fail("--steps and --long-steps must be at least 1 and --lr positive")
     return args
 
 
@@ -297,13 +303,17 @@ def pair_record(k: int, seeds, args, ctx) -> dict:
                                      **{**ctx["default_options"], "steps": args.steps}, seed=args.seed),
         "ours_their_loop": lambda: ours(a, b, ctx["test"], ctx["lambdas"], "learned", data=ctx["match"],
                                         preset="paper", steps=args.steps, lr=args.lr, seed=args.seed, **THEIR_LOOP),
+        "ours_labels": lambda: ours(a, b, ctx["test"], ctx["lambdas"], "learned", data=ctx["match"], preset="labels",
+                                    steps=args.steps, seed=args.seed),
+        "ours_labels_long": lambda: ours(a, b, ctx["test"], ctx["lambdas"], "learned", data=ctx["match"],
+                                         preset="labels", steps=args.long_steps, seed=args.seed),
     }
     # alternate who goes first, pair by pair: theirs then ours, then ours then theirs
     order = [("theirs_wm", "ours_wm"), ("theirs_learned", "ours_paper"), ("ours_default",), ("ours_their_loop",),
-             ("theirs_path_ours_wm",), ("theirs_learned_ours_wm",)]
+             ("ours_labels", "ours_labels_long"), ("theirs_path_ours_wm",), ("theirs_learned_ours_wm",)]
     if args.columns:
         order = [[c for c in o if c in args.columns] for o in order]
-    order = [list(o) if k % 2 == 0 else list(reversed(o)) for o in order]
+    order = [list(o) if k % 2 == 0 else list(reversed(o)) for o in order if o]
     rec = {"seeds": list(seeds), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "load_average": os.getloadavg(), "order": [c for o in order for c in o], "export_max_abs_logit_diff": export_err,
            "ours_end_losses": ends, "columns": {}}
@@ -353,7 +363,8 @@ def markdown(result: dict) -> str:
     names = [c for c, _, _ in COLUMNS if c in result["summary"]["columns"]]
     out = [f"The authors' code against ours on {len(result['pairs'])} Shakespeare GPT-2 pair(s) of Table 1, "
            f"{result['steps']} learned steps; loss barrier / seconds of the solve (one thread), test blocks "
-           f"{result['test_blocks']}, lambdas {len(result['lambdas'])}.", "",
+           f"{result['test_blocks']}, lambdas {len(result['lambdas'])}"
+           + (f"; ours_labels_long: {result['long_steps']} steps" if "ours_labels_long" in names else "") + ".", "",
            "| pair | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for r in result["records"]:
         out.append(f"| {tuple(r['seeds'])} | " + " | ".join(
@@ -386,18 +397,18 @@ def spec_vocab(args, pairs) -> int:
 def add_columns(args, pairs, ctx, started, load_start, write_study) -> None:
     """--columns: those columns run on every pair of the existing OUT.json and added to its records."""
     path = Path(args.out).with_suffix(".json")
-    if not path.is_file():
-        fail(f"--columns adds to an existing {path}; run without --columns first")
     try:
         result = json.loads(path.read_text())
         records = result["records"]
         same = ([list(p) for p in pairs] == result["pairs"] and result["steps"] == args.steps
-                and result["lr"] == args.lr and result["seed"] == args.seed)
+                and result["lr"] == args.lr and result["seed"] == args.seed
+                and result.get("long_steps", args.long_steps) == args.long_steps)
     except (ValueError, KeyError, TypeError) as exc:
         fail(f"{path} is not a record of this bench ({type(exc).__name__}: {exc})")
     if not same:
         fail(f"{path} was made for pairs {result['pairs']}, steps {result['steps']}, lr {result['lr']}, seed "
-             f"{result['seed']}: give the same --pairs, --steps, --lr and --seed")
+             f"{result['seed']}, long steps {result.get('long_steps')}: give the same --pairs, --steps, --lr, "
+             f"--seed and --long-steps")
     for k, (seeds, rec) in enumerate(zip(pairs, records)):
         print(f"pair {seeds}", flush=True)
         new = pair_record(k, seeds, args, ctx)
@@ -449,19 +460,22 @@ def main(argv=None):
                       "counts": counts}}
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     load_start = os.getloadavg()
-    if args.columns:
+    if args.columns and Path(args.out).with_suffix(".json").is_file():
         return add_columns(args, pairs, ctx, started, load_start, write_study)
     records = []
     for k, seeds in enumerate(pairs):
         print(f"pair {seeds}", flush=True)
         records.append(pair_record(k, seeds, args, ctx))
         records[-1]["ratios"] = ratios(records[-1]["columns"])
-    theirs0 = records[0]["columns"]["theirs_wm"]
+    theirs_cols = [c for c in ("theirs_wm", "theirs_learned") if c in records[0]["columns"]]
+    if not theirs_cols:
+        fail("--columns: name theirs_wm or theirs_learned too (the checks of their code read them)")
+    theirs0 = records[0]["columns"][theirs_cols[0]]
     checks = {
         "export_max": max(v for r in records for v in r["export_max_abs_logit_diff"].values()),
-        "their_logits_max": max(v for r in records for c in ("theirs_wm", "theirs_learned")
+        "their_logits_max": max(v for r in records for c in theirs_cols
                                 for v in r["columns"][c]["check"]["logits_max_abs_diff"].values()),
-        "end_loss_max": max(abs(v) for r in records for c in ("theirs_wm", "theirs_learned")
+        "end_loss_max": max(abs(v) for r in records for c in theirs_cols
                             for v in r["columns"][c]["end_loss_diff"].values()),
     }
     result = {
@@ -474,11 +488,12 @@ def main(argv=None):
         "started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "spec": str(SPEC.relative_to(BENCH.parent)), "models": str(args.models), "pairs": [list(p) for p in pairs],
-        "steps": args.steps, "lr": args.lr, "seed": args.seed, "lambdas": list(spec.lambdas),
+        "steps": args.steps, "long_steps": args.long_steps, "lr": args.lr, "seed": args.seed,
+        "lambdas": list(spec.lambdas),
         "test_blocks": int(ctx["arrays"]["test_x"].shape[0]), "match_blocks": int(match_x.shape[0]),
         "learned_train_blocks": n_train, "default_learned_options": ctx["default_options"],
         "paper_learned_options": {**paper, "steps": args.steps, "lr": args.lr},
-        "columns": {c: what for c, _, what in COLUMNS}, "checks": checks,
+        "columns": {c: what for c, _, what in COLUMNS if c in records[0]["columns"]}, "checks": checks,
         "summary": summary(records), "records": records,
     }
     out = write_study(args.out, result, markdown(result))

@@ -117,11 +117,13 @@ def test_authors_code_summarises_only_the_columns_every_pair_has():
     def col(barrier, seconds):
         return {"barrier": barrier, "seconds": seconds}
 
-    full = {"theirs_learned": col(0.01, 100.0), "ours_paper": col(0.02, 50.0), "ours_their_loop": col(0.005, 25.0)}
+    full = {"theirs_learned": col(0.01, 100.0), "ours_paper": col(0.02, 50.0), "ours_their_loop": col(0.005, 25.0),
+            "ours_labels": col(0.008, 40.0)}
     part = {"theirs_learned": col(0.03, 100.0), "ours_paper": col(0.03, 200.0)}
     records = [{"columns": c, "ratios": authors_code.ratios(c)} for c in (full, part)]
     assert records[0]["ratios"]["their_loop"] == {"barrier": 0.5, "seconds": 0.25}
-    assert "their_loop" not in records[1]["ratios"]
+    assert records[0]["ratios"]["learned_labels"] == {"barrier": 0.8, "seconds": 0.4}
+    assert "their_loop" not in records[1]["ratios"] and "learned_labels" not in records[1]["ratios"]
     s = authors_code.summary(records)
     assert set(s["columns"]) == {"theirs_learned", "ours_paper"} and set(s["ratios"]) == {"learned_paper"}
     assert s["ratios"]["learned_paper"]["barrier"]["values"] == [2.0, 1.0]
