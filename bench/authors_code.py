@@ -3,8 +3,8 @@
     python bench/authors_code.py --authors /tmp/authors --venv /tmp/peers/venv --pairs all
 
 --authors: a work tree of antoniohonsell/Generalized-LMC-for-Transformers (e.g. `git -C MIRROR archive HEAD |
-tar -x -C /tmp/authors`); --venv: a venv where their code runs (transformers 4.50: under 5.x it fails its own
-check). Their code runs as a subprocess of that venv (bench/authors_driver.py, importing their modules from
+tar -x -C /tmp/authors`); --venv: a venv where their code runs (torch, transformers 4.50.1, accelerate for
+their Trainer, pot, einops, scipy, numpy, safetensors: under transformers 5.x it fails its own check). Their code runs as a subprocess of that venv (bench/authors_driver.py, importing their modules from
 --authors); nothing of theirs is copied here. Per pair, alternately (the order flips from pair to pair, so
 a drifting machine load hits both sides alike):
 - theirs WM+prior: `merger.GPTMerger(A, B, token_freqs)`, their weight matching with the token prior;
