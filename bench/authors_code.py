@@ -4,8 +4,8 @@
 
 --authors: a work tree of antoniohonsell/Generalized-LMC-for-Transformers (e.g. `git -C MIRROR archive HEAD |
 tar -x -C /tmp/authors`); --venv: a venv where their code runs (torch, transformers 4.50.1, accelerate for
-their Trainer, pot, einops, scipy, numpy, safetensors: under transformers 5.x it fails its own check). Their code runs as a subprocess of that venv (bench/authors_driver.py, importing their modules from
---authors); nothing of theirs is copied here. Per pair, alternately (the order flips from pair to pair, so
+their Trainer, pot, einops, scipy, numpy, safetensors: under transformers 5.x it fails its own check). Their code
+runs as a subprocess of that venv (bench/authors_driver.py, importing their modules from --authors); nothing of theirs is copied here. Per pair, alternately (the order flips from pair to pair, so
 a drifting machine load hits both sides alike):
 - theirs WM+prior: `merger.GPTMerger(A, B, token_freqs)`, their weight matching with the token prior;
 - ours WM+prior: `lf.align(a, b, "weight", token_counts=counts)`;
@@ -105,7 +105,7 @@ def parse_args(argv=None):
     p.add_argument("--models", default="/tmp/lmc_grids/ls_shakespeare/models", help="folder of seedN models")
     p.add_argument("--steps", type=int, default=300, help="steps of every learned run")
     p.add_argument("--lr", type=float, default=3e-3, help="theirs learned and ours preset='paper'")
-    p.add_argument("--long-steps", type=int, default=600, help="steps of ours_labels_long")
+    p.add_argument("--long-steps", type=int, default=600, help="steps of ours_labels_long and ours_labels_their_loop")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="/tmp/authors_code", help="scratch folder: exported models, data, jobs")
     p.add_argument("--out", default=str(BENCH / "results" / "authors_code"), help="OUT.json and OUT.md")
@@ -115,6 +115,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1 or args.long_steps < 1 or not args.lr > 0:
         fail("--steps and --long-steps must be at least 1 and --lr positive")
+    new_study = args.columns and not Path(args.out).with_suffix(".json").is_file()
+    if new_study and not {"theirs_wm", "theirs_learned"} & set(args.columns):
+        fail("--columns: a new study needs theirs_wm or theirs_learned too (the checks of their code read them)")
     return args
 
 
@@ -315,7 +318,8 @@ def pair_record(k: int, seeds, args, ctx) -> dict:
     }
     # alternate who goes first, pair by pair: theirs then ours, then ours then theirs
     order = [("theirs_wm", "ours_wm"), ("theirs_learned", "ours_paper"), ("ours_default",), ("ours_their_loop",),
-             ("ours_labels", "ours_labels_long"), ("ours_labels_their_loop",), ("theirs_path_ours_wm",), ("theirs_learned_ours_wm",)]
+             ("ours_labels", "ours_labels_long"), ("ours_labels_their_loop",), ("theirs_path_ours_wm",),
+             ("theirs_learned_ours_wm",)]
     if args.columns:
         order = [[c for c in o if c in args.columns] for o in order]
     order = [list(o) if k % 2 == 0 else list(reversed(o)) for o in order if o]
@@ -474,8 +478,6 @@ def main(argv=None):
         records.append(pair_record(k, seeds, args, ctx))
         records[-1]["ratios"] = ratios(records[-1]["columns"])
     theirs_cols = [c for c in ("theirs_wm", "theirs_learned") if c in records[0]["columns"]]
-    if not theirs_cols:
-        fail("--columns: name theirs_wm or theirs_learned too (the checks of their code read them)")
     theirs0 = records[0]["columns"][theirs_cols[0]]
     checks = {
         "export_max": max(v for r in records for v in r["export_max_abs_logit_diff"].values()),
