@@ -166,10 +166,10 @@ def test_gemm_meter_counts_the_flops_it_times_and_restores_the_library():
 
 
 def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
-    """Planted grids: on digits distill is lowest (the library's rule picks it there), on GPT-2 labels is (the
-    rule's pick), on BERT paper is, so "always distill" loses the GPT-2 and BERT pairs, the rule (labels on BERT)
-    the BERT pair and "always labels" the digits and BERT pairs; regrets are the exact differences; the rule
-    follows each pair's recorded training loss. Grids with other models in one setting, or pairs without a
+    """Planted grids: labels-loop is lowest on digits and GPT-2, paper on BERT; distill-loop ran on digits only, so
+    "always distill-loop" is not scored. The library's rule picks distill-loop on the memorised digits pair (0.004
+    over labels-loop) and labels-loop elsewhere (0.05 over paper on BERT); regrets are the exact differences; the
+    rule follows each pair's recorded training loss. Grids with other models in one setting, or pairs without a
     recorded loss, are refused."""
     import json
     import subprocess
@@ -185,9 +185,12 @@ def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
 
     grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0}, loss=7e-4)
     grid("learned_settings/digits_labels", {"learned-labels": 0.04, "none": 2.0})
+    grid("learned_settings/digits_labels_loop", {"learned-labels-loop": 0.008, "learned-distill-loop": 0.012})
     grid("learned_settings/shakespeare_equal_seconds", {"learned-300": 0.03, "learned-paper-300": 0.02}, loss=2.5)
     grid("learned_settings/shakespeare_presets_parts", {"learned-300-targetlabels": 0.015})
+    grid("learned_settings/shakespeare_labels_loop", {"learned-labels-loop": 0.012})
     grid("learned_settings/bert_presets", {"learned": 0.3, "learned-labels": 0.2, "learned-paper": 0.1}, loss=3.1)
+    grid("learned_settings/bert_labels_loop", {"learned-labels-loop": 0.15})
 
     def rules():
         return subprocess.run([sys.executable, str(BENCH / "preset_rules.py"), "--results", str(tmp_path / "results"),
@@ -196,21 +199,31 @@ def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
     assert rules().returncode == 0
     record = json.loads((tmp_path / "rules.json").read_text())
     c = record["candidates"]
-    assert c["always distill"]["pairs_lost"] == 2 and c["always distill"]["worst_absolute"] == pytest.approx(0.2)
+    assert c["always distill"]["pairs_lost"] == 3 and c["always distill"]["worst_absolute"] == pytest.approx(0.2)
     assert c["always distill"]["worst_relative"] == pytest.approx(2.0)
-    assert c["always paper"]["worst_absolute"] == pytest.approx(0.04) and c["always paper"]["worst_relative"] == pytest.approx(4.0)
+    assert c["always paper"]["worst_absolute"] == pytest.approx(0.042) and c["always paper"]["worst_relative"] == pytest.approx(5.25)
     assert c["always paper"]["pairs_lost"] == 2
-    assert c["always labels"]["pairs_lost"] == 2 and c["always labels"]["worst_relative"] == pytest.approx(3.0)
-    assert c["always labels"]["worst_absolute"] == pytest.approx(0.1)
-    assert c["library rule"]["pairs_lost"] == 1 and c["library rule"]["worst_absolute"] == pytest.approx(0.1)
-    assert c["library rule"]["mean_absolute"] == pytest.approx(0.1 / 3)
+    assert c["always labels"]["pairs_lost"] == 3 and c["always labels"]["worst_relative"] == pytest.approx(4.0)
+    assert c["always labels-loop"]["pairs_lost"] == 1 and c["always labels-loop"]["worst_absolute"] == pytest.approx(0.05)
+    assert "always distill-loop" not in c and "Not scored (their preset did not run on every pair): always distill-loop" \
+        in (tmp_path / "rules.md").read_text()
+    assert c["library rule"]["pairs_lost"] == 2 and c["library rule"]["worst_absolute"] == pytest.approx(0.05)
+    assert c["library rule"]["mean_absolute"] == pytest.approx(0.054 / 3)
     assert record["equal_seconds"]["distill_lower"] == {"learned-300": 0}
 
-    # the rule reads each pair's recorded training loss: digits models not memorised -> labels there (0.03 more)
+    # the rule reads each pair's recorded training loss: digits models not memorised -> labels-loop there
     grid("table1/digits", {"learned": 0.01, "learned-paper": 0.05, "weight": 1.0}, loss=0.5)
     assert rules().returncode == 0
     c = json.loads((tmp_path / "rules.json").read_text())["candidates"]
-    assert c["library rule"]["pairs_lost"] == 2 and c["library rule"]["mean_absolute"] == pytest.approx(0.13 / 3)
+    assert c["library rule"]["pairs_lost"] == 1 and c["library rule"]["mean_absolute"] == pytest.approx(0.05 / 3)
+    assert c["former rule"]["pairs_lost"] == 3  # labels everywhere: 0.032, 0.003 and 0.1 over the lowest
+
+    # a lowest barrier of 0 has no relative regret: left out of the relative columns, and counted
+    grid("learned_settings/digits_labels_loop", {"learned-labels-loop": 0.0, "learned-distill-loop": 0.012})
+    assert rules().returncode == 0
+    c = json.loads((tmp_path / "rules.json").read_text())["candidates"]
+    assert c["always distill"]["mean_relative"] == pytest.approx(1.75) and c["always distill"]["worst_relative"] == pytest.approx(2.0)
+    assert "not where the lowest is 0: 1 pair)" in (tmp_path / "rules.md").read_text()
 
     grid("learned_settings/llama_labels", {"learned-labels": 0.1}, prints=("c", "d"))
     grid("table1/llama", {"learned": 0.1, "learned-paper": 0.2})

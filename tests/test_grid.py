@@ -123,6 +123,33 @@ def test_spec_from_toml_and_recipe_defaults(tmp_path):
         grid.load_spec(tmp_path / "bad.toml")
 
 
+def test_learned_keys_follow_the_presets_they_rely_on(monkeypatch):
+    """A learned column's key holds the settings of every preset its options may resolve to: changing a preset's
+    value, or the default rule's threshold, changes the key of a column that relies on it (a resumed grid
+    recomputes it) and not of one whose options set that value, nor of any other method's column."""
+    import lmc_fast.match.learned as learned
+    from lmc_fast.grid.units import alignment_key
+
+    spec = parse_spec(_spec(["a", "b"], methods=["weight", "learned", "learned-lr", "learned-paper"],
+                            options={"learned": {"steps": 4}, "learned-lr": {"method": "learned", "lr": 0.3},
+                                     "learned-paper": {"method": "learned", "preset": "paper"}}))
+
+    def keys():
+        return {m: alignment_key(spec, "fa", "fb", m) for m in spec.methods}
+
+    before = keys()
+    assert len(set(before.values())) == 4
+    monkeypatch.setitem(learned.PRESETS, "labels-loop", {**learned.PRESETS["labels-loop"], "lr": 0.5})
+    after = keys()
+    assert after["learned"] != before["learned"]  # relies on the default preset's lr
+    assert {m: after[m] for m in ("weight", "learned-lr", "learned-paper")} == \
+        {m: before[m] for m in ("weight", "learned-lr", "learned-paper")}
+    monkeypatch.setattr(learned, "MEMORISED_LOSS", 0.2)
+    moved = keys()
+    assert moved["learned"] != after["learned"] and moved["learned-lr"] != after["learned-lr"]  # "default" reads it
+    assert moved["learned-paper"] == before["learned-paper"] and moved["weight"] == before["weight"]
+
+
 # ---------------------------------------------------------------- one process
 def test_outputs(reference, models):
     records = _records(reference)

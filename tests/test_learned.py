@@ -347,28 +347,39 @@ def test_learned_alignment_module_in_a_plain_adam_loop_lowers_a_planted_barrier(
 
 def test_presets_fill_what_is_not_given():
     """preset="paper" (the paper's recipe), "distill" (end-model targets, no augmentation, lambda ~ U[0, 1]),
-    "labels" (distill's settings with the task loss) and "default": distill when the end models have memorised
-    their training batches (loss < 0.05), else labels; an explicit keyword wins over any preset; "auto"
-    augmentation is Mixup for images with the end-model target and nothing for labels or token ids."""
+    "labels" (distill's settings with the task loss), "distill-loop" / "labels-loop" (those with the authors'
+    loop: one lambda a step at twice the steps, AdamW weight decay 0.01, 5% warm-up, clip 1) and "default":
+    distill-loop when the end models have memorised their training batches (loss < 0.05), else labels-loop; an
+    explicit keyword wins over any preset; "auto" augmentation is Mixup for images with the end-model target and
+    nothing for labels or token ids."""
     from lmc_fast.match.learned import MEMORISED_LOSS, PRESET_NAMES, PRESETS, default_preset, preset_settings
 
-    assert default_preset(7e-4) == "distill" and default_preset(0.55) == "labels" and default_preset(MEMORISED_LOSS) == "labels"
+    assert default_preset(7e-4) == "distill-loop" and default_preset(0.55) == "labels-loop"
+    assert default_preset(MEMORISED_LOSS) == "labels-loop"
     a, b, data = _vit_pair_and_data(103, 104)
     i = lf.align(a, b, "learned", data=data, steps=4, eval_every=2).info  # random models: far from memorised
-    assert i["preset"] == "labels" and i["end_models_training_loss"] > MEMORISED_LOSS
-    assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (1e-2, "uniform", 2, "labels", None)
+    assert i["preset"] == "labels-loop" and i["end_models_training_loss"] > MEMORISED_LOSS
+    assert (i["lr"], i["lam"], i["lambdas_per_step"], i["target"], i["augment"]) == (1e-2, "uniform", 1, "labels", None)
+    assert (i["weight_decay"], i["warmup"], i["clip"]) == (0.01, 0.05, 1.0)
     p = lf.align(a, b, "learned", data=data, preset="paper", steps=4, eval_every=2).info
     assert (p["preset"], p["lr"], p["lam"], p["lambdas_per_step"], p["target"]) == ("paper", 3e-3, "narrow", 4, "labels")
+    assert (p["weight_decay"], p["warmup"], p["clip"]) == (0.0, 0.0, None)
     d = lf.align(a, b, "learned", data=data, preset="distill", steps=4, eval_every=2).info
     assert (d["preset"], d["lr"], d["lam"], d["target"], d["val_fraction"]) == ("distill", 1e-2, "uniform", "endpoints", 0.2)
     assert d["augment"] is None and d["end_models_training_loss"] is None
+    dl = lf.align(a, b, "learned", data=data, preset="distill-loop", steps=4, eval_every=2).info
+    assert (dl["target"], dl["lambdas_per_step"], dl["weight_decay"], dl["clip"]) == ("endpoints", 1, 0.01, 1.0)
     assert "Mixup" in lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
                                augment="auto").info["augment"]  # asked for: Mixup on images
     assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
     assert lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
                     augment=None).info["augment"] is None
-    assert set(PRESETS) == {"paper", "distill", "labels"} and PRESET_NAMES == ("default", "paper", "distill", "labels")
+    assert set(PRESETS) == {"paper", "distill", "labels", "distill-loop", "labels-loop"}
+    assert PRESET_NAMES == ("default", "paper", "distill", "labels", "distill-loop", "labels-loop")
     assert PRESETS["labels"] == {**PRESETS["distill"], "target": "labels"}
+    loop = dict(steps=2000, lambdas_per_step=1, eval_every=200, weight_decay=0.01, warmup=0.05, clip=1.0)
+    assert PRESETS["distill-loop"] == {**PRESETS["distill"], **loop}
+    assert PRESETS["labels-loop"] == {**PRESETS["labels"], **loop}
     from lmc_fast.cli.align import PRESETS as CLI_PRESETS  # the command line's copy (it does not import torch)
 
     assert CLI_PRESETS == PRESET_NAMES

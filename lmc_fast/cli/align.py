@@ -13,7 +13,7 @@ from .data import batches, data_paths, model_data
 from .models import load
 from .outputs import Outputs, now
 
-PRESETS = ("default", "paper", "distill", "labels")  # as lmc_fast.match.learned.PRESET_NAMES (not imported: that loads torch)
+PRESETS = ("default", "paper", "distill", "labels", "distill-loop", "labels-loop")  # as lmc_fast.match.learned.PRESET_NAMES (not imported: that loads torch)
 
 
 def register(subparsers, parents):
@@ -24,16 +24,20 @@ def register(subparsers, parents):
     a.add_argument("--preset", choices=PRESETS, default="default",
                    help="learned matching: the settings the options below leave unset: 'paper' (task loss, "
                         "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, lambda ~ U[0, 1], "
-                        "lr 1e-2), 'labels' (distill's settings with the task loss), or 'default': distill when the "
-                        "end models have memorised their training data (training loss < 0.05), else labels")
-    a.add_argument("--steps", type=positive_int, default=None, help="learned matching: Adam steps (default: the preset's, 1000)")
-    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, distill and labels 1e-2)")
+                        "lr 1e-2), 'labels' (distill's settings with the task loss), 'distill-loop' and 'labels-loop' "
+                        "(those with the paper authors' loop: one lambda a step, twice the steps, AdamW weight decay "
+                        "0.01, 5%% warm-up, clip 1), or 'default': distill-loop when the end models have memorised "
+                        "their training data (training loss < 0.05), else labels-loop")
+    a.add_argument("--steps", type=positive_int, default=None,
+                   help="learned matching: Adam steps (default: the preset's, 1000; 2000 for the -loop presets, "
+                        "whose steps take one lambda each)")
+    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, the others 1e-2)")
     a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default=None,
                    help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5 (default: the preset's, "
-                        "paper narrow, distill and labels uniform)")
+                        "paper narrow, the others uniform)")
     a.add_argument("--target", choices=["labels", "endpoints"], default=None,
                    help="learned matching: fit the labels, or the same mixture of the end models' predictions "
-                        "(default: the preset's: endpoints for distill, labels for paper and labels)")
+                        "(default: the preset's: endpoints for distill and distill-loop, labels for the others)")
     a.add_argument("--temperature", type=finite_positive_float, default=1.0,
                    help="learned matching: softens --target endpoints")
     a.add_argument("--augment", choices=sorted(AUGMENTATIONS), default=None,

@@ -2,7 +2,8 @@
 their results.
 
 A key is a hash of everything that determines a unit's numbers: both models' fingerprints
-(their weights, not their paths), the method and its options, the data spec and split, the
+(their weights, not their paths), the method and its options (and the library's values for what the
+options leave unset, where the method says: learned matching's presets), the data spec and split, the
 lambdas, the batching and the device kind, and GRID_FORMAT. A result stored under its key is
 therefore reused exactly when recomputing it would give the same numbers: rename or reorder
 checkpoints and nothing is recomputed; change one method's options and only its units are.
@@ -50,8 +51,11 @@ def alignment_key(spec: GridSpec, fp_a: str, fp_b: str, method: str) -> str | No
         return None
     match = ({"data": spec.data, "batch_size": spec.match_batch_size, "max_batches": spec.match_max_batches,
               "block_size": spec.block_size} if m.needs_data else None)
+    options = spec.options.get(method, {})
+    # what the options leave to the library (a preset's values) is keyed too, where the method says what it is
+    settings = {} if m.settings is None else {"settings": m.settings(options)}
     return _hash({"format": GRID_FORMAT, "kind": "alignment", "a": fp_a, "b": fp_b, "method": base,
-                  "options": spec.options.get(method, {}), "match": match, "device": spec.device})
+                  "options": options, "match": match, "device": spec.device, **settings})
 
 
 def unit_key(spec: GridSpec, fp_a: str, fp_b: str, method: str) -> str:

@@ -37,6 +37,9 @@ class Method:
     # (path_a, path_b, data, **options) -> Alignment: the same matching on two checkpoints streamed from disk,
     # a block at a time (match/streamed.py); None where the method needs the models in memory
     stream: Callable | None = None
+    # options -> what else its result depends on that these options leave to the library (learned matching:
+    # the settings of every preset they may resolve to), for the grid's keys; None: the options say it all
+    settings: Callable | None = None
 
     @property
     def aligns(self) -> bool:
@@ -77,7 +80,8 @@ _ALL = (
            ("max_batches", "residual_only"), ("progress", "dtype"), activation.align_by_activations,
            stream=streamed.streamed_by_activations),
     Method("learned", True, "canonical", "straight-through optimisation of the alignment on midpoint loss",
-           _LEARNED, ("progress", "init", "device", "checkpoint", "checkpoint_every"), learned.learned_matching),
+           _LEARNED, ("progress", "init", "device", "checkpoint", "checkpoint_every"), learned.learned_matching,
+           settings=learned.resolved_settings),
 )
 
 #: name -> Method, in the order tables and plots list them

@@ -24,7 +24,7 @@ LEARN_MODES = ("all", "continuous", "residual", "permutations", "heads", "mlp", 
 #: whose elements learned matching trains: B's alone (A is the fixed reference), or both models' (A's
 #: latents start at the identity; LMC-DM's shared path)
 SIDES = ("b", "both")
-PRESET_NAMES = ("default", "paper", "distill", "labels")
+PRESET_NAMES = ("default", "paper", "distill", "labels", "distill-loop", "labels-loop")
 #: most steps / iterations one run takes (past this it is a typo, and a grid would run for weeks)
 MAX_STEPS = 10_000_000
 
