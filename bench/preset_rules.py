@@ -1,11 +1,13 @@
-"""Which learned-matching preset `preset="default"` should pick, pair by pair: "distill", "paper" or "labels".
+"""Which learned-matching preset `preset="default"` should pick, pair by pair.
 
-For every Table 1 setting, the per-pair barriers of each preset at 300 steps, which is lowest, and the regret of
-each candidate default (always one preset; the library's rule `default_preset`, applied to each pair's end-model
-training loss as its learned units recorded it): the chosen preset's barrier minus the lowest one's (absolute) and
-over it (relative). "labels" is the distill settings with the task-loss target. A setting's presets come from
-committed grids (SOURCES) that hold the same models, checked by their fingerprints. The equal-seconds section
-compares distill at more steps against paper on the GPT-2s.
+For every Table 1 setting, the per-pair barriers of each preset at about equal cost (300 two-lambda steps), which
+is lowest, and the regret of each candidate default (always one preset; the library's rule `default_preset`,
+applied to each pair's end-model training loss as its learned units recorded it): the chosen preset's barrier
+minus the lowest one's (absolute) and over it (relative). "labels" is the distill settings with the task-loss
+target; the "-loop" presets are the authors' training loop on them (DESCRIPTIONS). A setting's presets come from
+committed grids (SOURCES) that hold the same models, checked by their fingerprints; distill, paper and labels must
+be there for a pair to count, the others count where they ran. The equal-seconds section compares distill at more
+steps against paper on the GPT-2s.
 
     python bench/preset_rules.py --out bench/results/preset_rules
 """
@@ -25,27 +27,43 @@ from lmc_fast.match.learned import MEMORISED_LOSS, default_preset  # noqa: E402
 
 #: each preset and the grid columns that ran it at 300 steps (Table 1's name, then the studies')
 PRESETS = {"distill": ("learned", "learned-300"), "paper": ("learned-paper", "learned-paper-300"),
-           "labels": ("learned-labels", "learned-300-targetlabels")}
+           "labels": ("learned-labels", "learned-300-targetlabels"),
+           "labels-loop": ("learned-labels-loop",), "distill-loop": ("learned-distill-loop",)}
+#: a pair is compared when it has these; the others count where they ran (a candidate that always picks one of them
+#: is scored only if it ran on every pair)
+REQUIRED = ("distill", "paper", "labels")
+#: what each preset is, for the table's caption
+DESCRIPTIONS = {"distill": "end-model targets, lambda ~ U[0, 1], 2 a step, lr 1e-2, 300 steps",
+                "paper": "task loss, lambda ~ U[0.4, 0.6], 4 a step, lr 3e-3, 300 steps",
+                "labels": "distill's settings with the task loss",
+                "labels-loop": "labels with the authors' loop: one lambda a step at twice the steps (600), AdamW "
+                               "weight decay 0.01, 5% warm-up, gradient clip 1",
+                "distill-loop": "distill with the same loop"}
 #: per setting, the folders under bench/results whose columns are compared: they must hold the same models. The
 #: GPT-2s' and BERTs' Table 1 rows hold other models than the studies that ran all three presets, so they come
 #: from those.
-SOURCES = {"digits": ("table1/digits", "learned_settings/digits_labels"),
-           "fashion": ("table1/fashion", "learned_settings/fashion_labels"),
-           "shakespeare": ("learned_settings/shakespeare_equal_seconds", "learned_settings/shakespeare_presets_parts"),
-           "llama": ("table1/llama", "learned_settings/llama_labels"),
-           "neox": ("table1/neox", "learned_settings/neox_labels"),
-           "bert": ("learned_settings/bert_presets",)}
+SOURCES = {"digits": ("table1/digits", "learned_settings/digits_labels", "learned_settings/digits_labels_loop"),
+           "fashion": ("table1/fashion", "learned_settings/fashion_labels", "learned_settings/fashion_labels_loop"),
+           "shakespeare": ("learned_settings/shakespeare_equal_seconds", "learned_settings/shakespeare_presets_parts",
+                           "learned_settings/shakespeare_labels_loop"),
+           "llama": ("table1/llama", "learned_settings/llama_labels", "learned_settings/llama_labels_loop"),
+           "neox": ("table1/neox", "learned_settings/neox_labels", "learned_settings/neox_labels_loop"),
+           "bert": ("learned_settings/bert_presets", "learned_settings/bert_labels_loop")}
 #: the settings' names in the tables: Table 1's five learned-study rows and the tiny BERTs (masked-token loss; all
 #: three presets in one grid: the BERTs retrained for it are not bit for bit Table 1's)
 SETTING_NAMES = {**SETTINGS, "bert": "tiny BERT (masked tokens), Shakespeare"}
 EQUAL_SECONDS = "learned_settings/shakespeare_equal_seconds"
-CANDIDATES = ("always distill", "always paper", "always labels", "library rule")
+CANDIDATES = tuple(f"always {p}" for p in PRESETS) + ("library rule", "former rule")
+#: the library's rule until December 2026's loop presets: the same threshold, the presets without the loop
+FORMER_RULE = {True: "distill", False: "labels"}
 
 
 def choice(candidate: str, row: dict) -> str:
     """The preset a candidate default picks for one pair (the library's rule: from its end models' training loss)."""
     if candidate.startswith("always "):
         return candidate.removeprefix("always ")
+    if candidate == "former rule":
+        return FORMER_RULE[row["training loss"] < MEMORISED_LOSS]
     return default_preset(row["training loss"])
 
 
@@ -72,7 +90,7 @@ def setting_rows(root: Path, setting: str) -> list[dict]:
                     found.setdefault(pair, {}).setdefault(preset, record)
     rows = []
     for pair in sorted(found):
-        if set(found[pair]) != set(PRESETS):
+        if not set(REQUIRED) <= set(found[pair]):
             continue
         # the rule's input, as the grid's learned units measured it (end models' loss on the matching batches)
         losses = [r.get("info", {}).get("end_models_training_loss") for r in found[pair].values()]
@@ -85,11 +103,12 @@ def setting_rows(root: Path, setting: str) -> list[dict]:
     return rows
 
 
-def regrets(rows: list[dict], candidate: str) -> list[tuple[float, float]]:
+def regrets(rows: list[dict], candidate: str) -> list[tuple[float, float | None]]:
+    """Per pair, (absolute, relative) regret; relative is None where the lowest barrier is 0 (no ratio)."""
     out = []
     for r in rows:
-        best, chosen = min(r[p] for p in PRESETS), r[choice(candidate, r)]
-        out.append((chosen - best, (chosen - best) / best if best > 0 else 0.0))
+        best, chosen = min(r[p] for p in PRESETS if p in r), r[choice(candidate, r)]
+        out.append((chosen - best, (chosen - best) / best if best > 0 else None))
     return out
 
 
@@ -101,31 +120,46 @@ def main():
 
     settings = {key: rows for key in SETTING_NAMES if (rows := setting_rows(args.results, key))}
     if not settings:
-        raise SystemExit(f"{args.results}: no setting has a pair with all of {', '.join(PRESETS)}")
+        raise SystemExit(f"{args.results}: no setting has a pair with all of {', '.join(REQUIRED)}")
 
-    lines = ["Learned matching's presets per Table 1 pair (300 steps each): barrier of `distill` (end-model targets, "
-             "lambda ~ U[0, 1], lr 1e-2), `paper` (task loss, lambda ~ U[0.4, 0.6], 4 a step, lr 3e-3) and `labels` "
-             "(distill's settings with the task loss), median [min, max], on how many pairs each is the lowest, "
-             "and the end models' training loss (median) that the library's rule reads.",
+    lines = ["Learned matching's presets per Table 1 pair: barrier median [min, max] over the pairs where each ran, "
+             "on how many of a setting's pairs each is the lowest of those that ran there, and the end models' "
+             "training loss (median) that the library's rule reads. Presets: "
+             + "; ".join(f"`{p}`: {DESCRIPTIONS[p]}" for p in PRESETS) + ".",
              "", "| setting | pairs | " + " | ".join(PRESETS) + " | " + " | ".join(f"{p} lowest" for p in PRESETS)
              + " | training loss | library rule picks |", "|---|---:|" + "---:|" * (2 * len(PRESETS) + 1) + "---|"]
     for key, rows in settings.items():
-        lowest = {p: sum(r[p] == min(r[q] for q in PRESETS) for r in rows) for p in PRESETS}
+        ran = {p: [r for r in rows if p in r] for p in PRESETS}
+        lowest = {p: sum(r[p] == min(r[q] for q in PRESETS if q in r) for r in ran[p]) for p in PRESETS}
         lines.append(f"| {SETTING_NAMES[key]} | {len(rows)} | "
-                     + " | ".join(_fmt(_stats([r[p] for r in rows]), 4) for p in PRESETS) + " | "
-                     + " | ".join(f"{lowest[p]}/{len(rows)}" for p in PRESETS)
+                     + " | ".join(_fmt(_stats([r[p] for r in ran[p]]), 4) if ran[p] else "not run" for p in PRESETS)
+                     + " | " + " | ".join(f"{lowest[p]}/{len(rows)}" if ran[p] else "-" for p in PRESETS)
                      + f" | {statistics.median(r['training loss'] for r in rows):.2g} | "
                      + ", ".join(sorted({choice('library rule', r) for r in rows})) + " |")
+    lines += ["", "Solve seconds, median over the pairs where each ran (one core a unit; the runs' loads differ, see "
+              "each source's machine notes, so compare within a run or at equal load):", "",
+              "| setting | " + " | ".join(PRESETS) + " |", "|---|" + "---:|" * len(PRESETS)]
+    for key, rows in settings.items():
+        lines.append(f"| {SETTING_NAMES[key]} | " + " | ".join(
+            f"{statistics.median(r[p + ' s'] for r in rows if p in r):.0f}" if any(p in r for r in rows) else "-"
+            for p in PRESETS) + " |")
+    all_rows = [r for rows in settings.values() for r in rows]
+    zero = sum(min(r[p] for p in PRESETS if p in r) == 0 for r in all_rows)  # no relative regret on these
+    scored = [c for c in CANDIDATES if all(choice(c, r) in r for r in all_rows)]
+    unscored = [c for c in CANDIDATES if c not in scored]
     lines += ["", "Sources (same models within a setting): " + "; ".join(
                   f"{key}: {', '.join(SOURCES[key])}" for key in settings) + ".", "",
-              f"Regret of each default over all {sum(map(len, settings.values()))} pairs: the chosen preset's "
-              "barrier minus the lowest of the three (absolute), and over it (relative); worst pair and mean.", "",
-              "| default | worst absolute | mean absolute | worst relative | mean relative | pairs it loses |",
+              f"Regret of each default over all {len(all_rows)} pairs: the chosen preset's barrier minus the lowest "
+              "that ran on the pair (absolute), and over it (relative; not where the lowest is 0: "
+              f"{zero} pair{'s' * (zero != 1)}); worst pair and mean. "
+              "The former rule: the library's until December 2026 (distill when memorised, else labels)."
+              + (f" Not scored (their preset did not run on every pair): {', '.join(unscored)}." if unscored else ""),
+              "", "| default | worst absolute | mean absolute | worst relative | mean relative | pairs it loses |",
               "|---|---:|---:|---:|---:|---:|"]
     summary = {}
-    for cand in CANDIDATES:
+    for cand in scored:
         rs = [x for rows in settings.values() for x in regrets(rows, cand)]
-        absolute, relative = [a for a, _ in rs], [r for _, r in rs]
+        absolute, relative = [a for a, _ in rs], [r for _, r in rs if r is not None]
         summary[cand] = {"worst_absolute": max(absolute), "mean_absolute": statistics.mean(absolute),
                          "worst_relative": max(relative), "mean_relative": statistics.mean(relative),
                          "pairs_lost": sum(a > 0 for a in absolute), "pairs": len(rs)}
@@ -133,7 +167,7 @@ def main():
         lines.append(f"| {cand} | {s['worst_absolute']:.4f} | {s['mean_absolute']:.4f} | {s['worst_relative']:.0%} | "
                      f"{s['mean_relative']:.0%} | {s['pairs_lost']}/{s['pairs']} |")
 
-    record = {"memorised_loss": MEMORISED_LOSS, "presets": PRESETS,
+    record = {"memorised_loss": MEMORISED_LOSS, "presets": PRESETS, "descriptions": DESCRIPTIONS,
               "sources": {key: SOURCES[key] for key in settings}, "settings": settings, "candidates": summary}
     equal_seconds = args.results / EQUAL_SECONDS
     if (equal_seconds / "results.jsonl").is_file():
