@@ -103,11 +103,16 @@ def setting_rows(root: Path, setting: str) -> list[dict]:
     return rows
 
 
+def lowest(row: dict) -> float:
+    """The lowest barrier among the presets that ran on this pair."""
+    return min(row[p] for p in PRESETS if p in row)
+
+
 def regrets(rows: list[dict], candidate: str) -> list[tuple[float, float | None]]:
     """Per pair, (absolute, relative) regret; relative is None where the lowest barrier is 0 (no ratio)."""
     out = []
     for r in rows:
-        best, chosen = min(r[p] for p in PRESETS if p in r), r[choice(candidate, r)]
+        best, chosen = lowest(r), r[choice(candidate, r)]
         out.append((chosen - best, (chosen - best) / best if best > 0 else None))
     return out
 
@@ -130,10 +135,10 @@ def main():
              + " | training loss | library rule picks |", "|---|---:|" + "---:|" * (2 * len(PRESETS) + 1) + "---|"]
     for key, rows in settings.items():
         ran = {p: [r for r in rows if p in r] for p in PRESETS}
-        lowest = {p: sum(r[p] == min(r[q] for q in PRESETS if q in r) for r in ran[p]) for p in PRESETS}
+        wins = {p: sum(r[p] == lowest(r) for r in ran[p]) for p in PRESETS}
         lines.append(f"| {SETTING_NAMES[key]} | {len(rows)} | "
                      + " | ".join(_fmt(_stats([r[p] for r in ran[p]]), 4) if ran[p] else "not run" for p in PRESETS)
-                     + " | " + " | ".join(f"{lowest[p]}/{len(rows)}" if ran[p] else "-" for p in PRESETS)
+                     + " | " + " | ".join(f"{wins[p]}/{len(rows)}" if ran[p] else "-" for p in PRESETS)
                      + f" | {statistics.median(r['training loss'] for r in rows):.2g} | "
                      + ", ".join(sorted({choice('library rule', r) for r in rows})) + " |")
     lines += ["", "Solve seconds, median over the pairs where each ran (one core a unit; the runs' loads differ, see "
@@ -144,7 +149,7 @@ def main():
             f"{statistics.median(r[p + ' s'] for r in rows if p in r):.0f}" if any(p in r for r in rows) else "-"
             for p in PRESETS) + " |")
     all_rows = [r for rows in settings.values() for r in rows]
-    zero = sum(min(r[p] for p in PRESETS if p in r) == 0 for r in all_rows)  # no relative regret on these
+    zero = sum(lowest(r) == 0 for r in all_rows)  # no relative regret on these
     scored = [c for c in CANDIDATES if all(choice(c, r) in r for r in all_rows)]
     unscored = [c for c in CANDIDATES if c not in scored]
     lines += ["", "Sources (same models within a setting): " + "; ".join(
