@@ -5,7 +5,8 @@
 
 Reads each grid's results.jsonl and grid.json (what `lmc-fast grid` wrote) from --grids, or, for a setting
 whose grid is not there, the copies committed in bench/results/table1/<name>/ (table1_llama -> llama), so one
-new grid updates its row without rerunning the others; writes bench/results/table1.json
+new grid updates its row without rerunning the others; a column a grid did not compute but another committed
+grid did with the same settings (BORROWED: equal unit keys) is read from there; writes bench/results/table1.json
 (per setting and method: the loss barrier's median, min, max over the pairs, the accuracy and, for
 language models, the perplexity at lambda = 0.5; the simplex centroid's excess loss) and
 bench/results/table1.md (the markdown tables the README quotes).
@@ -31,7 +32,21 @@ COMMITTED = Path(__file__).parent / "results" / "table1"  # each grid's summary 
 #: in this order; a column shows where any setting's grid ran the method (issue 22's: "residual-act", the residual's
 #: rotation from one batch of activations with weight matching for the rest; "learned-both", latents on both models)
 COLUMNS = ("none", "permutation", "activation", "residual-act", "weight", "learned-perm", "learned", "learned-both",
-           "learned-paper")
+           "learned-paper", "learned-loop")
+RESULTS = Path(__file__).parent / "results"
+GRIDS = Path(__file__).parent / "grids"
+#: Columns that Table 1's specs name but whose units were computed by another committed grid (folder under
+#: bench/results, its column): taken only where that column's settings give the same unit key as Table 1's,
+#: and marked where that grid's models are not the Table 1 grid's (same recipe and seeds, trained elsewhere).
+#: A re-run of a Table 1 spec computes the column itself, and its own records are read instead.
+BORROWED = {"learned-loop": {
+    "table1_digits": ("learned_settings/digits_labels_loop", "learned-distill-loop"),
+    "table1_fashion": ("learned_settings/fashion_labels_loop", "learned-labels-loop"),
+    "table1_shakespeare": ("learned_settings/shakespeare_labels_loop", "learned-labels-loop"),
+    "table1_llama": ("learned_settings/llama_labels_loop", "learned-labels-loop"),
+    "table1_neox": ("learned_settings/neox_labels_loop", "learned-labels-loop"),
+    "table1_bert": ("learned_settings/bert_labels_loop", "learned-labels-loop"),
+}}
 
 
 def _stats(values):
@@ -58,19 +73,49 @@ def summarise(folder: Path, language: bool) -> dict:
     if language:
         out["end_models_ppl"] = _stats([math.exp(c["loss"][i]) for c in ends for i in (0, -1)])
     for m in grid["methods"]:
-        rs = [r for r in pairs if r["method"] == m]
-        row = {"barrier": _stats([r["barrier"] for r in rs]), "acc_mid": _stats([r["acc_mid"] for r in rs]),
-               "solve_seconds": _stats([r["seconds"]["solve"] for r in rs]),
-               "options": rs[0]["options"] if rs else {}}
-        if language:
-            row["ppl_mid"] = _stats([math.exp(r["loss_mid"]) for r in rs])
-        out["methods"][m] = row
+        out["methods"][m] = method_row([r for r in pairs if r["method"] == m], language)
     for m in grid.get("simplex_methods", []):
         rs = [r for r in simplex if r["method"] == m]
         out["simplex"][m] = {"centroid_excess": _stats([r["centroid"] for r in rs]),
                              "centroid_acc": _stats([r["centroid_acc"] for r in rs]),
                              "groups": [r["models"] for r in rs]}
     return out
+
+
+def method_row(records: list, language: bool) -> dict:
+    row = {"barrier": _stats([r["barrier"] for r in records]), "acc_mid": _stats([r["acc_mid"] for r in records]),
+           "solve_seconds": _stats([r["seconds"]["solve"] for r in records]),
+           "options": records[0]["options"] if records else {}}
+    if language:
+        row["ppl_mid"] = _stats([math.exp(r["loss_mid"]) for r in records])
+    return row
+
+
+def borrow(name: str, folder: Path, table: dict, language: bool) -> None:
+    """Add to `table` (the summary of setting `name`'s grid in `folder`) the BORROWED columns it did not compute."""
+    from lmc_fast.grid.spec import load_spec
+    from lmc_fast.grid.units import unit_key
+
+    for column, sources in BORROWED.items():
+        if name not in sources or column in table["methods"]:
+            continue
+        source, method = sources[name]
+        ours, theirs = load_spec(GRIDS / f"{name}.toml"), load_spec(RESULTS / source / "spec.toml")
+        # equal keys on any one pair of models: the same computation (method, options, the settings a preset
+        # leaves, matching data, sweep) wherever the models are equal
+        if unit_key(ours, "a", "b", column) != unit_key(theirs, "a", "b", method):
+            raise SystemExit(f"{source}: its {method} is not Table 1's {column} of {name} (settings or data differ)")
+        grid = json.loads((RESULTS / source / "grid.json").read_text())
+        mine = json.loads((folder / "grid.json").read_text())
+        if [list(p) for p in grid["pairs"]] != [list(p) for p in mine["pairs"]]:
+            raise SystemExit(f"{source}: pairs {grid['pairs']} are not Table 1's {mine['pairs']}")
+        used = sorted({k for p in mine["pairs"] for k in p})
+        records = [json.loads(line) for line in (RESULTS / source / "results.jsonl").read_text().splitlines()
+                   if line.strip()]
+        row = method_row([r for r in records if r["method"] == method and r.get("kind", "pair") == "pair"], language)
+        row.update(source=f"bench/results/{source} ({method})",
+                   same_models=all(grid["fingerprints"][k] == mine["fingerprints"][k] for k in used))
+        table["methods"][column] = row
 
 
 def _cell(s, digits=3, pct=False):
@@ -80,14 +125,35 @@ def _cell(s, digits=3, pct=False):
     return f"{f(s['median'])} [{f(s['min'])}, {f(s['max'])}]"
 
 
+def _mark(setting: dict, column: str) -> str:
+    return " †" if setting["methods"].get(column, {}).get("same_models") is False else ""
+
+
+def _borrowed_notes(table: dict) -> list[str]:
+    """Where each borrowed column's cells come from (a column a Table 1 grid computed itself needs no note)."""
+    lines = []
+    for column in BORROWED:
+        rows = {name: t["methods"][column] for name, t in table.items() if "source" in t["methods"].get(column, {})}
+        if not rows:
+            continue
+        lines += ["", f"{column}: computed for another study with the settings of Table 1's spec (equal unit keys), "
+                      "read from " + "; ".join(f"{SETTINGS[n][0]}: {r['source']}" for n, r in rows.items()) + "."]
+        other = [SETTINGS[n][0] for n, r in rows.items() if not r["same_models"]]
+        if other:
+            lines.append(f"† On other models than the row's ({', '.join(other)}): the same recipe and seeds, "
+                         "trained on another machine (training is not bit-identical across machines).")
+    return lines
+
+
 def markdown(table: dict) -> str:
     cols = [c for c in COLUMNS if any(c in t["methods"] for t in table.values())]
     lines = ["Loss barrier, median [min, max] over independent pairs:", "",
              "| setting | pairs | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
     for name, t in table.items():
         label = SETTINGS[name][0]
-        cells = [_cell(t["methods"].get(c, {}).get("barrier")) for c in cols]
+        cells = [_cell(t["methods"].get(c, {}).get("barrier")) + _mark(t, c) for c in cols]
         lines.append(f"| {label} | {len(t['pairs'])} | " + " | ".join(cells) + " |")
+    lines += _borrowed_notes(table)
     lines += ["", "At lambda = 0.5: accuracy (images) or perplexity (text), median [min, max]; \"models\": the "
               "end models themselves:", "",
               "| setting | models | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
@@ -95,7 +161,7 @@ def markdown(table: dict) -> str:
         label, language = SETTINGS[name]
         key = "ppl_mid" if language else "acc_mid"
         ends = _cell(t["end_models_ppl" if language else "end_models_acc"], 2, pct=not language)
-        cells = [_cell(t["methods"].get(c, {}).get(key), 2, pct=not language) for c in cols]
+        cells = [_cell(t["methods"].get(c, {}).get(key), 2, pct=not language) + _mark(t, c) for c in cols]
         lines.append(f"| {label} | {ends} | " + " | ".join(cells) + " |")
     simplex_cols = [c for c in COLUMNS if any(c in t["simplex"] for t in table.values())]
     lines += ["", "Three-model centroid (the others aligned to the first): loss above the models' mean, "
@@ -119,9 +185,11 @@ def main():
         for folder in (Path(args.grids) / name, COMMITTED / name.removeprefix("table1_")):
             if (folder / "results.jsonl").exists():
                 table[name] = summarise(folder, language)
+                borrow(name, folder, table[name], language)
                 print(f"{name}: {folder}")
                 break
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "table1.json").write_text(json.dumps(table, indent=2) + "\n")
     text = markdown(table)
     (out / "table1.md").write_text(text)

@@ -234,3 +234,53 @@ def test_preset_rules_scores_each_default_by_its_regret(tmp_path):
     refused = rules()
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "no end_models_training_loss" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_table1_borrows_a_column_only_with_equal_unit_keys(tmp_path, monkeypatch):
+    """Table 1's learned-loop column may come from another committed grid: taken where that grid's column has
+    Table 1's unit key (same method, options, preset settings, data), marked where its models differ, refused
+    (one line) where its settings differ."""
+    import json
+    import shutil
+
+    import table1_summary as t1
+
+    grids, results = tmp_path / "grids", tmp_path / "results"
+    grids.mkdir()
+    shutil.copy(BENCH / "grids" / "table1_digits.toml", grids)
+    source = results / "study"
+    source.mkdir(parents=True)
+    study = (BENCH / "results" / "learned_settings" / "digits_labels_loop" / "spec.toml").read_text()
+    (source / "spec.toml").write_text(study)
+    pairs = [[0, 1], [2, 3]]
+    (source / "results.jsonl").write_text("".join(
+        json.dumps({"method": m, "pair": p, "barrier": b, "acc_mid": 0.9, "seconds": {"solve": 5.0}, "options": {}})
+        + "\n" for p, b in zip(pairs, (0.01, 0.03)) for m in ("learned-distill-loop", "learned-labels-loop")))
+    table1 = tmp_path / "table1"
+    table1.mkdir()
+    prints = ["f0", "f1", "f2", "f3"]
+    (table1 / "grid.json").write_text(json.dumps({"pairs": pairs, "fingerprints": prints}))
+    monkeypatch.setattr(t1, "GRIDS", grids)
+    monkeypatch.setattr(t1, "RESULTS", results)
+    monkeypatch.setattr(t1, "BORROWED", {"learned-loop": {"table1_digits": ("study", "learned-distill-loop")}})
+
+    def borrowed(study_prints):
+        (source / "grid.json").write_text(json.dumps({"pairs": pairs, "fingerprints": study_prints}))
+        table = {"methods": {}, "pairs": pairs}
+        t1.borrow("table1_digits", table1, table, False)
+        return table
+
+    row = borrowed(prints)["methods"]["learned-loop"]
+    assert row["barrier"] == {"n": 2, "median": 0.02, "min": 0.01, "max": 0.03} and row["same_models"]
+    other = borrowed(["f0", "f1", "f2", "g3"])
+    assert other["methods"]["learned-loop"]["same_models"] is False
+    assert "0.020 [0.010, 0.030] \u2020" in t1.markdown({"table1_digits": {**other, "simplex": {},
+                                                                           "end_models_acc": None}})
+    # a column the Table 1 grid computed itself is its own
+    own = {"methods": {"learned-loop": {"barrier": None}}, "pairs": pairs}
+    t1.borrow("table1_digits", table1, own, False)
+    assert own["methods"]["learned-loop"] == {"barrier": None}
+    # other settings (validation every 100 steps, not 200): other units, refused in one line
+    (source / "spec.toml").write_text(study.replace("eval_every = 200", "eval_every = 100"))
+    with pytest.raises(SystemExit, match="is not Table 1's learned-loop of table1_digits"):
+        borrowed(prints)
