@@ -85,12 +85,26 @@ def derived_spec(setting: str, steps: list[int], batch: int | None, lr: float | 
     return spec
 
 
+def effective(options: dict) -> dict:
+    """`options` with the preset's name replaced by the settings it gives them, where that does not depend on
+    the preset: a column that names every setting a preset fills (or whose preset is named) ran with them,
+    whatever the default was on its day, so two columns differ by their settings, not by how they were named."""
+    from lmc_fast.match.learned import PRESETS, preset_settings
+
+    given = {k: options[k] for k in PRESETS["paper"] if k in options}
+    names = [options["preset"]] if options.get("preset", "default") != "default" else list(PRESETS)
+    each = [preset_settings(name, **given) for name in names]
+    if any(s != each[0] for s in each):  # left to the default of its day: the name is all that is known
+        return dict(options)
+    return {**{k: v for k, v in options.items() if k != "preset"}, **each[0]}
+
+
 def changed_settings(setting: str, record: dict) -> dict:
     """What a run set differently from Table 1's learned column of `setting` (its data's match batch size
-    included, which a `-b<N>` run changes)."""
+    included, which a `-b<N>` run changes), setting by setting (`effective`)."""
     table1 = tomllib.loads((GRIDS / f"table1_{setting}.toml").read_text())
-    base = {k: v for k, v in table1["methods"]["learned"].items() if k not in RUN_OPTIONS}
-    options = {k: v for k, v in record["options"].items() if k not in RUN_OPTIONS}
+    base = {k: v for k, v in effective(table1["methods"]["learned"]).items() if k not in RUN_OPTIONS}
+    options = {k: v for k, v in effective(record["options"]).items() if k not in RUN_OPTIONS}
     changed = {k: v for k, v in options.items() if base.get(k) != v}
     changed.update({k: None for k in base if k not in options})  # an option the run left at its default
     batch = next((part[1:] for part in record["method"].split("-") if part[:1] == "b" and part[1:].isdigit()), None)

@@ -74,6 +74,16 @@ def test_budget_grid_sets_any_learned_option_and_names_what_it_changed(setting):
     assert learned_budget.changed_settings(setting, plain) == {"match_batch_size": 16}
     plain["method"] = "learned-300"
     assert learned_budget.changed_settings(setting, plain) == {}
+    # a column is its settings, however named: every labels-loop setting given without the preset's name
+    # (the default of another day) is the same change as the preset named
+    loop = {"preset": "labels-loop", "steps": 300}
+    spelled = {k: v for k, v in learned_budget.effective(loop).items() if k != "patience"}
+    named = learned_budget.changed_settings(setting, {"method": "learned-300", "options": loop})
+    assert learned_budget.changed_settings(setting, {"method": "learned-300", "options": spelled}) == named
+    assert named["lambdas_per_step"] == 1 and named["weight_decay"] == 0.01 and named["target"] == "labels"
+    assert "preset" not in named
+    # settings left to the default, on which the presets differ: reported as left to it
+    assert learned_budget.changed_settings(setting, {"method": "learned-300", "options": {"steps": 300}})["target"] is None
     ref = {"steps": 300, "changed": {}, "pairs": [[0, 1], [2, 3], [4, 5]], "barrier_per_pair": [0.1, 0.2, 0.3]}
     row = {"steps": 300, "changed": sets, "pairs": [[0, 1], [2, 3], [6, 7]], "barrier_per_pair": [0.05, 0.3, 0.0]}
     rows = {"a": ref, "b": row}
