@@ -28,13 +28,13 @@ SETTINGS = {  # grid folder name -> (row label, language model?)
     "table1_bert": ("tiny BERT (masked tokens), Shakespeare", True),
     "table1_mamba": ("tiny Mamba, Shakespeare", True),
 }
-COMMITTED = Path(__file__).parent / "results" / "table1"  # each grid's summary files, as committed
+RESULTS = Path(__file__).parent / "results"
+GRIDS = Path(__file__).parent / "grids"
+COMMITTED = RESULTS / "table1"  # each grid's summary files, as committed
 #: in this order; a column shows where any setting's grid ran the method (issue 22's: "residual-act", the residual's
 #: rotation from one batch of activations with weight matching for the rest; "learned-both", latents on both models)
 COLUMNS = ("none", "permutation", "activation", "residual-act", "weight", "learned-perm", "learned", "learned-both",
            "learned-paper", "learned-loop")
-RESULTS = Path(__file__).parent / "results"
-GRIDS = Path(__file__).parent / "grids"
 #: Columns that Table 1's specs name but whose units were computed by another committed grid (folder under
 #: bench/results, its column): taken only where that column's settings give the same unit key as Table 1's,
 #: and marked where that grid's models are not the Table 1 grid's (same recipe and seeds, trained elsewhere).
@@ -56,9 +56,14 @@ def _stats(values):
     return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def summarise(folder: Path, language: bool) -> dict:
+def read_grid(folder: Path) -> tuple[list, dict]:
+    """A grid's records (results.jsonl) and its grid.json."""
     records = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
-    grid = json.loads((folder / "grid.json").read_text())
+    return records, json.loads((folder / "grid.json").read_text())
+
+
+def summarise(folder: Path, language: bool) -> dict:
+    records, grid = read_grid(folder)
     pairs = [r for r in records if r.get("kind", "pair") == "pair"]
     simplex = [r for r in records if r.get("kind") == "simplex"]
     out = {"models": len(grid["models"]), "pairs": grid["pairs"], "lambdas": len(grid["lambdas"]),
@@ -105,13 +110,11 @@ def borrow(name: str, folder: Path, table: dict, language: bool) -> None:
         # leaves, matching data, sweep) wherever the models are equal
         if unit_key(ours, "a", "b", column) != unit_key(theirs, "a", "b", method):
             raise SystemExit(f"{source}: its {method} is not Table 1's {column} of {name} (settings or data differ)")
-        grid = json.loads((RESULTS / source / "grid.json").read_text())
+        records, grid = read_grid(RESULTS / source)
         mine = json.loads((folder / "grid.json").read_text())
         if [list(p) for p in grid["pairs"]] != [list(p) for p in mine["pairs"]]:
             raise SystemExit(f"{source}: pairs {grid['pairs']} are not Table 1's {mine['pairs']}")
         used = sorted({k for p in mine["pairs"] for k in p})
-        records = [json.loads(line) for line in (RESULTS / source / "results.jsonl").read_text().splitlines()
-                   if line.strip()]
         row = method_row([r for r in records if r["method"] == method and r.get("kind", "pair") == "pair"], language)
         row.update(source=f"bench/results/{source} ({method})",
                    same_models=all(grid["fingerprints"][k] == mine["fingerprints"][k] for k in used))
