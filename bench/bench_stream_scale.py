@@ -1,9 +1,10 @@
-"""Streamed weight matching, alignment and merge of two LLaMA-family checkpoints at the 1B / 7B scale on a
-CPU: time, peak memory, bytes read, fraction of the matmul peak.
+"""Streamed weight matching, alignment, merge and barrier of two LLaMA-family checkpoints at the 1B / 7B scale
+on a CPU: time, peak memory, bytes read, fraction of the matmul peak.
 
     python bench/bench_stream_scale.py                                 # TinyLlama-1.1B shapes, bf16 on disk
     python bench/bench_stream_scale.py --preset llama-tiny --planted   # a quick check, planted twin too
-    python bench/bench_stream_scale.py --preset mistral-7b             # needs ~60 GB of disk, hours on 2 cores
+    torchrun --standalone --nproc_per_node 2 bench/bench_stream_scale.py --preset mistral-7b --planted \
+        --barrier-tokens 1024 --max-iter 1 --polish-iter 0             # ~45 GB of disk free, ~2 h on 2 cores
 
 Two random checkpoints of the preset's published shape are written as Hugging Face folders (bf16 shards,
 block by block: never whole in memory; reused when already there), then, each phase with the process's
@@ -11,7 +12,12 @@ high-water mark (VmHWM) reset before it:
   match  - what `lf.align(path_a, path_b, "weight", dtype=float32)` runs (its sweep counts set): a layer at a time;
   apply  - `apply_to_path(al, path_b, out)`: the aligned B written shard by shard;
   merge  - `merge_paths([a, b], out, [None, al])`: the aligned midpoint written shard by shard;
+  barrier (--barrier-tokens) - `lf.barrier(path_a, path_b, data, align=al)` streamed on random tokens;
   planted (--planted) - B' = g . A written streaming and matched: g^-1 must come back.
+The aligned B and the merge are deleted before the planted twin is written (unless --keep), so the disk
+holds at most four checkpoints. Under torchrun the match, the barrier and the planted match split their work
+over the ranks (layers, batches), and the two writers run side by side (apply on rank 0, merge on rank 1);
+each phase is reported by its slowest rank and largest process, every rank's figures in rank_phases.
 --writes-only skips the match and writes with a random element of the group instead: the memory and seconds
 of apply and merge do not depend on which element (a quick check of the writers at 7B widths).
 The in-memory baseline of the same 1.1B match is bench/bench_llama_scale.py (19.7 GiB peak).
@@ -123,6 +129,33 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
 
+def _join() -> tuple[int, int]:
+    """(rank, world): torchrun's gloo group joined when there is one, else (0, 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    import datetime
+
+    # a rank waits at a barrier while the other writes a 7B checkpoint alone (gloo's default: 30 minutes)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(hours=6))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _sync(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def token_batches(vocab: int, tokens: int, seq_len: int, per_batch: int = 1) -> list:
+    """Random token sequences (seeded) as (inputs, targets) batches of a next-token model: `tokens` in all."""
+    n_seq = max(1, tokens // seq_len)
+    x = torch.randint(0, vocab, (n_seq, seq_len), generator=torch.Generator().manual_seed(0))
+    return [(x[i:i + per_batch], x[i:i + per_batch]) for i in range(0, n_seq, per_batch)]
+
+
 def main(argv=None) -> dict:
     import lmc_fast as lf
     from lmc_fast.models.adapters import adapter_for
@@ -139,50 +172,87 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-iter", type=int, default=3, help="weight-matching sweeps")
     ap.add_argument("--polish-iter", type=int, default=2)
     ap.add_argument("--planted", action="store_true", help="also match a planted twin B' = g . A")
+    ap.add_argument("--barrier-tokens", type=int, default=0,
+                    help="also sweep the aligned pair's barrier on this many random tokens (0: no sweep)")
+    ap.add_argument("--lambdas", type=int, default=11, help="lambdas of that sweep")
+    ap.add_argument("--seq-len", type=int, default=256, help="sequence length of that sweep's batches")
     ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs")
     ap.add_argument("--writes-only", action="store_true",
                     help="no match: apply and merge with a random group element (writer memory and seconds only)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    rank, world = _join()
     meta = llama_on_meta(args.preset, **({"num_hidden_layers": args.layers} if args.layers else {}))
     n_params = sum(p.numel() for p in meta.parameters())
     model_bytes = 2 * n_params  # bf16 on disk
-    outputs = 2 + 1 + (1 if args.planted else 0)  # aligned, merged (+ the planted twin)
+    # at most three checkpoints besides the pair at once: the aligned B and the merge (deleted before the
+    # planted twin is written unless --keep, which keeps all three)
+    outputs = 2 + (1 if args.planted and args.keep else 0)
     tag = args.preset + (f"_{args.layers}layers" if args.layers else "")
     args.workdir = args.workdir / tag  # checkpoints of one shape per folder (reused across runs)
     tag += "_writes" if args.writes_only else ""
     args.workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(args.workdir).free
     need = model_bytes * (outputs + sum(not (args.workdir / n / "config.json").exists() for n in "ab"))
-    print(f"{args.preset}: {n_params / 1e9:.2f}B parameters, {model_bytes / 1e9:.1f} GB per checkpoint; "
-          f"needs {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free", flush=True)
+    if rank == 0:
+        print(f"{args.preset}: {n_params / 1e9:.2f}B parameters, {model_bytes / 1e9:.1f} GB per checkpoint; "
+              f"needs {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free; {world} rank(s)", flush=True)
     if need > free:
         raise SystemExit(f"not enough disk in {args.workdir}: need {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
     shape = {**CONFIGS[args.preset], **({"num_hidden_layers": args.layers} if args.layers else {})}
     rec = {"name": "stream_scale", "preset": args.preset, "shape": shape, "params_per_model": n_params,
            "disk_bytes_per_model": model_bytes, "machine": cpu_model(), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "loadavg_1min_start": os.getloadavg()[0], "phases": {}}
+           "threads": torch.get_num_threads(), "ranks": world, "loadavg_1min_start": os.getloadavg()[0],
+           "phases": {}}
     ph = rec["phases"]
     out = args.out or RESULTS / f"stream_scale_{tag}_cpu.json"
+    # every rank keeps its figures as each phase ends (a long run cut short still leaves them); rank 0's
+    # file is the result, joined with the others' at the end
+    mine = out if rank == 0 else args.workdir / f"rank{rank}.json"
 
     def save():
-        out.write_text(json.dumps(rec, indent=2) + "\n")
+        mine.write_text(json.dumps(rec, indent=2) + "\n")
     pa, pb = args.workdir / "a", args.workdir / "b"
-    for seed, path in ((0, pa), (1, pb)):
-        if not (path / "config.json").exists():
-            phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
+    if rank == 0:
+        for seed, path in ((0, pa), (1, pb)):
+            if not (path / "config.json").exists():
+                phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
+    _sync(world)
     arch = adapter_for(meta).arch(meta)
     if args.writes_only:
         al = Alignment.random(canonical_spec(arch), seed=3)
     else:
         al = _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save)
-    out_a = phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save)
-    rec["apply_bytes_written"] = folder_bytes(out_a)
-    out_m = phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save)
-    rec["merge_bytes_written"] = folder_bytes(out_m)
+
+    # the two writers run in one process each: side by side on two ranks, one after the other on one
+    def write_aligned():
+        rec["apply_bytes_written"] = folder_bytes(
+            phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save))
+
+    def write_merged():
+        rec["merge_bytes_written"] = folder_bytes(
+            phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save))
+    for r, write in enumerate((write_aligned, write_merged)):
+        if rank == r % world:
+            write()
+    _sync(world)
+    if rank == 0 and not args.keep:
+        for name in ("b_aligned", "merged"):
+            shutil.rmtree(args.workdir / name, ignore_errors=True)
+    if args.barrier_tokens and not args.writes_only:
+        data = token_batches(shape["vocab_size"], args.barrier_tokens, args.seq_len)
+        res = phase(ph, "barrier", lambda: lf.barrier(pa, pb, data, lambdas=args.lambdas, align=al), save)
+        rec["barrier"] = {"lambdas": args.lambdas, "tokens": res.streamed["tokens"], "seq_len": args.seq_len,
+                          "barrier": res.barrier, "loss": [float(v) for v in res.loss],
+                          "bytes_read": res.streamed["bytes_read"], "ranks": res.streamed["ranks"]}
+        if rank == 0:
+            print(f"barrier: {res.barrier:.4g} over {args.lambdas} lambdas on {res.streamed['tokens']} tokens", flush=True)
     if args.planted and not args.writes_only:
         truth = Alignment.random(canonical_spec(arch), seed=7)
-        twin = phase(ph, "plant", lambda: apply_to_path(truth, pa, args.workdir / "planted"), save)
+        twin = args.workdir / "planted"
+        if rank == 0:
+            phase(ph, "plant", lambda: apply_to_path(truth, pa, twin), save)
+        _sync(world)
         found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args), save)
         inv = truth.inverse()
         rec["planted"] = {
@@ -190,14 +260,20 @@ def main(argv=None) -> dict:
                                       for k in inv[n] if not inv[n][k].is_floating_point()),
             "max_map_error": max(float((found[n][k].double() - inv[n][k].double()).abs().max())
                                  for n in inv.elements for k in inv[n] if inv[n][k].is_floating_point())}
-        print(f"planted: {rec['planted']}", flush=True)
-    if not args.keep:
-        for name in ("b_aligned", "merged", "planted"):
-            shutil.rmtree(args.workdir / name, ignore_errors=True)
+        if rank == 0:
+            print(f"planted: {rec['planted']}", flush=True)
+        _sync(world)
+        if rank == 0 and not args.keep:
+            shutil.rmtree(twin, ignore_errors=True)
     rec["loadavg_1min_end"] = os.getloadavg()[0]
-    rec["peak_rss_bytes"] = max(p["peak_rss_bytes"] for k, p in ph.items() if not k.startswith("generate"))
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     save()
+    rec = _joined(rec, world)
+    if rank != 0:
+        mine.unlink(missing_ok=True)
+        return rec
+    save()
+    ph = rec["phases"]
     if args.writes_only:
         print(f"{args.preset}: apply {ph['apply']['seconds']:.0f} s, peak {ph['apply']['peak_rss_bytes'] / 2**30:.2f} GiB; "
               f"merge {ph['merge']['seconds']:.0f} s, peak {ph['merge']['peak_rss_bytes'] / 2**30:.2f} GiB -> {out}")
@@ -206,11 +282,40 @@ def main(argv=None) -> dict:
     for k, r in mr["gemms"].items():
         print(f"  GEMMs, {k:11s}: {r['gflop']:8.0f} GFLOP in {r['seconds']:7.1f} s = {r['gflops']:5.1f} GFLOP/s, "
               f"{r['fraction_of_peak']:.0%} of peak, {r['share_of_match_seconds']:.0%} of the match's seconds")
-    print(f"{args.preset}: match {m['seconds']:.0f} s ({mr['sweeps']} sweeps + {mr['polish_iterations']} polish), peak "
-          f"RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB over all phases; GEMMs at "
-          f"{mr['gemm_fraction_of_peak']:.0%} of {mr['matmul_peak_gflops']:.0f} GFLOP/s; apply {ph['apply']['seconds']:.0f} s, "
-          f"merge {ph['merge']['seconds']:.0f} s -> {out}")
+    print(f"{args.preset}: match {m['seconds']:.0f} s ({mr['sweeps']} sweeps + {mr['polish_iterations']} polish, "
+          f"{world} rank(s)), peak RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB per process over all phases; GEMMs at "
+          f"{mr['gemm_fraction_of_peak']:.0%} of {world} x {mr['matmul_peak_gflops']:.0f} GFLOP/s; "
+          f"apply {ph['apply']['seconds']:.0f} s, merge {ph['merge']['seconds']:.0f} s -> {out}")
     return rec
+
+
+def join_ranks(ranks: list) -> dict:
+    """Every rank's (phases, match) joined: `phases` has each phase's slowest rank (seconds) and highest peak
+    RSS (a phase that ran on one rank only, as is); `peak_rss_bytes` is the largest process of the run."""
+    joined = {}
+    for phases, _ in ranks:
+        for name, p in phases.items():
+            j = joined.setdefault(name, dict(p))
+            j["seconds"] = max(j["seconds"], p["seconds"])
+            j["peak_rss_bytes"] = max(j["peak_rss_bytes"], p["peak_rss_bytes"])
+    out = {"phases": joined,
+           "peak_rss_bytes": max(p["peak_rss_bytes"] for k, p in joined.items() if not k.startswith("generate"))}
+    if len(ranks) > 1:
+        out["rank_phases"] = [ph for ph, _ in ranks]
+        out["rank_match"] = [m for _, m in ranks]  # each rank's GEMMs: its own share of the sweeps
+    return out
+
+
+def _joined(rec: dict, world: int) -> dict:
+    """Rank 0's record with every rank's phases and GEMM figures (join_ranks)."""
+    own = (rec["phases"], rec.get("match"))
+    ranks = [own]
+    if world > 1:
+        import torch.distributed as dist
+
+        ranks = [None] * world
+        dist.all_gather_object(ranks, own)  # our own ranks' dicts of numbers
+    return {**rec, **join_ranks(ranks)}
 
 
 def _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save):
@@ -226,7 +331,8 @@ def _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save):
     rec["match"] = {"sweeps": sweeps, "polish_iterations": info["polish_iterations"], "objective": info["objective"],
                     "bytes_read": info["bytes_read"], "bytes_read_per_sweep_pass": 2 * model_bytes,
                     "sweep_gemm_gflop": gflop, "matmul_peak_gflops": peak,
-                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / peak,
+                    # the sweeps' flops split over the ranks, each on a core of its own
+                    "gemm_fraction_of_peak": gflop * sweeps / ph["match"]["seconds"] / (peak * rec["ranks"]),
                     "gemms": meter.record(peak, ph["match"]["seconds"])}
     return al
 

@@ -294,3 +294,27 @@ def test_table1_borrows_a_column_only_with_equal_unit_keys(tmp_path, monkeypatch
     (source / "spec.toml").write_text(study.replace("eval_every = 200", "eval_every = 100"))
     with pytest.raises(SystemExit, match="is not Table 1's learned-loop of table1_digits"):
         borrowed(prints)
+
+
+def test_stream_bench_joins_ranks_by_their_slowest_and_largest():
+    """bench/bench_stream_scale.py under torchrun: a phase both ranks ran takes the slower rank's seconds and
+    the larger peak; a phase one rank ran alone (apply on rank 0, merge on rank 1) is kept as it is; the
+    run's peak is the largest process's, generation not counted. The sweep's token batches: `tokens` in all,
+    next-token targets (the inputs themselves), the same on every call."""
+    import torch
+
+    import bench_stream_scale as b
+
+    r0 = {"generate_a": {"seconds": 9.0, "peak_rss_bytes": 99}, "match": {"seconds": 10.0, "peak_rss_bytes": 5},
+          "apply": {"seconds": 3.0, "peak_rss_bytes": 4}}
+    r1 = {"match": {"seconds": 12.0, "peak_rss_bytes": 4}, "merge": {"seconds": 2.0, "peak_rss_bytes": 7}}
+    out = b.join_ranks([(r0, {"sweeps": 1}), (r1, {"sweeps": 1})])
+    assert out["phases"]["match"] == {"seconds": 12.0, "peak_rss_bytes": 5}
+    assert out["phases"]["apply"] == r0["apply"] and out["phases"]["merge"] == r1["merge"]
+    assert out["peak_rss_bytes"] == 7 and out["rank_phases"] == [r0, r1] and len(out["rank_match"]) == 2
+    one = b.join_ranks([(r0, None)])
+    assert one["phases"] == r0 and one["peak_rss_bytes"] == 5 and "rank_phases" not in one
+    batches = b.token_batches(vocab=50, tokens=1024, seq_len=256)
+    assert len(batches) == 4 and all(x.shape == (1, 256) and torch.equal(x, y) for x, y in batches)
+    assert sum(x.numel() for x, _ in batches) == 1024 and int(max(x.max() for x, _ in batches)) < 50
+    assert all(torch.equal(x, x2) for (x, _), (x2, _) in zip(batches, b.token_batches(50, 1024, 256)))
