@@ -228,10 +228,12 @@ def main(argv=None) -> dict:
     def write_aligned():
         rec["apply_bytes_written"] = folder_bytes(
             phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save))
+        save()
 
     def write_merged():
         rec["merge_bytes_written"] = folder_bytes(
             phase(ph, "merge", lambda: merge_paths([pa, pb], args.workdir / "merged", [None, al]), save))
+        save()
     for r, write in enumerate((write_aligned, write_merged)):
         if rank == r % world:
             write()
