@@ -26,6 +26,7 @@ Writes bench/results/stream_scale_<preset>_cpu.json.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -134,8 +135,6 @@ def _join() -> tuple[int, int]:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
     import torch.distributed as dist
-
-    import datetime
 
     # a rank waits at a barrier while the other writes a 7B checkpoint alone (gloo's default: 30 minutes)
     dist.init_process_group("gloo", timeout=datetime.timedelta(hours=6))
