@@ -18,6 +18,10 @@ The aligned B and the merge are deleted before the planted twin is written (unle
 holds at most four checkpoints. Under torchrun the match, the barrier and the planted match split their work
 over the ranks (layers, batches), and the two writers run side by side (apply on rank 0, merge on rank 1);
 each phase is reported by its slowest rank and largest process, every rank's figures in rank_phases.
+Each match saves its alignment in the workdir; `--only PHASE` (repeatable) runs some phases and reads the
+alignments the others saved, so a 7B run can be split over sessions, e.g. the planted twin kept, then its
+barrier (aligned twin = A up to bf16 rounding, so the barrier must be ~0):
+    ... --only planted --keep;   ... --only barrier --barrier-pair planted --barrier-tokens 1024
 --writes-only skips the match and writes with a random element of the group instead: the memory and seconds
 of apply and merge do not depend on which element (a quick check of the writers at 7B widths).
 The in-memory baseline of the same 1.1B match is bench/bench_llama_scale.py (19.7 GiB peak).
@@ -159,7 +163,6 @@ def main(argv=None) -> dict:
     import lmc_fast as lf
     from lmc_fast.models.adapters import adapter_for
     from lmc_fast.stream.generate import CONFIGS, llama_on_meta, write_random
-    from lmc_fast.stream.paths import apply_to_path, merge_paths
     from lmc_fast.symmetry import Alignment, canonical_spec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -175,18 +178,25 @@ def main(argv=None) -> dict:
                     help="also sweep the aligned pair's barrier on this many random tokens (0: no sweep)")
     ap.add_argument("--lambdas", type=int, default=11, help="lambdas of that sweep")
     ap.add_argument("--seq-len", type=int, default=256, help="sequence length of that sweep's batches")
-    ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs")
+    ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs and the planted twin")
     ap.add_argument("--writes-only", action="store_true",
                     help="no match: apply and merge with a random group element (writer memory and seconds only)")
+    ap.add_argument("--only", action="append", choices=PHASES, default=None,
+                    help="run only this phase (repeatable); an alignment it needs that this run does not compute is "
+                         "read from the workdir, where each match saves its own (a long run split over sessions)")
+    ap.add_argument("--barrier-pair", choices=("ab", "planted"), default="ab",
+                    help="the barrier's pair: A and B aligned by the match, or A and the planted twin aligned by "
+                         "the planted match (the aligned twin is A up to bf16 rounding: a barrier of ~0 at scale)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    phases = _phases(args)
     rank, world = _join()
     meta = llama_on_meta(args.preset, **({"num_hidden_layers": args.layers} if args.layers else {}))
     n_params = sum(p.numel() for p in meta.parameters())
     model_bytes = 2 * n_params  # bf16 on disk
-    # at most three checkpoints besides the pair at once: the aligned B and the merge (deleted before the
-    # planted twin is written unless --keep, which keeps all three)
-    outputs = 2 + (1 if args.planted and args.keep else 0)
+    # besides the pair: the aligned B and the merge (deleted before the planted twin is written unless --keep)
+    outputs = max(2 * ("write" in phases), 1 * ("planted" in phases)) if not args.keep else \
+        2 * ("write" in phases) + ("planted" in phases)
     tag = args.preset + (f"_{args.layers}layers" if args.layers else "")
     args.workdir = args.workdir / tag  # checkpoints of one shape per folder (reused across runs)
     tag += "_writes" if args.writes_only else ""
@@ -195,35 +205,99 @@ def main(argv=None) -> dict:
     need = model_bytes * (outputs + sum(not (args.workdir / n / "config.json").exists() for n in "ab"))
     if rank == 0:
         print(f"{args.preset}: {n_params / 1e9:.2f}B parameters, {model_bytes / 1e9:.1f} GB per checkpoint; "
-              f"needs {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free; {world} rank(s)", flush=True)
+              f"needs {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free; {world} rank(s); "
+              f"phases {', '.join(phases)}", flush=True)
     if need > free:
         raise SystemExit(f"not enough disk in {args.workdir}: need {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
     shape = {**CONFIGS[args.preset], **({"num_hidden_layers": args.layers} if args.layers else {})}
     rec = {"name": "stream_scale", "preset": args.preset, "shape": shape, "params_per_model": n_params,
            "disk_bytes_per_model": model_bytes, "machine": cpu_model(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "ranks": world, "loadavg_1min_start": os.getloadavg()[0],
-           "phases": {}}
+           "run_phases": phases, "phases": {}}
     ph = rec["phases"]
-    out = args.out or RESULTS / f"stream_scale_{tag}_cpu.json"
+    out = args.out or RESULTS / f"stream_scale_{tag}{'' if args.only is None else '_' + '_'.join(phases)}_cpu.json"
     # every rank keeps its figures as each phase ends (a long run cut short still leaves them); rank 0's
     # file is the result, joined with the others' at the end
     mine = out if rank == 0 else args.workdir / f"rank{rank}.json"
 
     def save():
         mine.write_text(json.dumps(rec, indent=2) + "\n")
-    pa, pb = args.workdir / "a", args.workdir / "b"
+    pa, pb, twin = args.workdir / "a", args.workdir / "b", args.workdir / "planted"
     if rank == 0:
         for seed, path in ((0, pa), (1, pb)):
             if not (path / "config.json").exists():
                 phase(ph, f"generate_{path.name}", lambda: write_random(path, meta, seed))
     _sync(world)
     arch = adapter_for(meta).arch(meta)
+    saved = {"ab": args.workdir / "alignment_ab.safetensors", "planted": args.workdir / "alignment_planted.safetensors"}
+    al = None
     if args.writes_only:
         al = Alignment.random(canonical_spec(arch), seed=3)
-    else:
+    elif "match" in phases:
         al = _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save)
+        if rank == 0:
+            al.save(saved["ab"])
+    if "write" in phases:
+        al = al or _saved_alignment(saved["ab"], rec)
+        _write_phase(pa, pb, al, args, ph, rec, save, rank, world)
+    if "barrier" in phases and args.barrier_pair == "ab":
+        _barrier_phase(lf, pa, pb, al or _saved_alignment(saved["ab"], rec), shape, args, ph, rec, save, rank)
+    if "planted" in phases:
+        found = _planted_phase(lf, pa, twin, arch, args, ph, rec, save, rank, world)
+        if rank == 0:
+            found.save(saved["planted"])
+    if "barrier" in phases and args.barrier_pair == "planted":
+        found = found if "planted" in phases else _saved_alignment(saved["planted"], rec)
+        if not (twin / "config.json").exists():
+            raise SystemExit(f"no planted twin in {twin}: run the planted phase with --keep first")
+        _barrier_phase(lf, pa, twin, found, shape, args, ph, rec, save, rank)
+    _sync(world)
+    if rank == 0 and not args.keep:
+        shutil.rmtree(twin, ignore_errors=True)
+    rec["loadavg_1min_end"] = os.getloadavg()[0]
+    rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    save()
+    rec = _joined(rec, world)
+    if rank != 0:
+        mine.unlink(missing_ok=True)
+        return rec
+    save()
+    _summary(rec, args, out, world)
+    return rec
 
-    # the two writers run in one process each: side by side on two ranks, one after the other on one
+
+#: the phases a run can be limited to (--only), in the order they run
+PHASES = ("match", "write", "barrier", "planted")
+
+
+def _phases(args) -> list:
+    """The phases this run does: --only's, else what the other flags ask for."""
+    if args.only is not None:
+        if "barrier" in args.only and not args.barrier_tokens:
+            raise SystemExit("--only barrier needs --barrier-tokens N")
+        if args.writes_only and set(args.only) != {"write"}:
+            raise SystemExit("--writes-only runs the write phase only")
+        return [p for p in PHASES if p in args.only]
+    if args.writes_only:
+        return ["write"]
+    return ["match", "write"] + ["barrier"] * bool(args.barrier_tokens) + ["planted"] * args.planted
+
+
+def _saved_alignment(path: Path, rec: dict):
+    """An alignment an earlier run's match saved (this run did not compute it)."""
+    from lmc_fast.symmetry import Alignment
+
+    if not path.is_file():
+        raise SystemExit(f"no saved alignment {path}: run the phase that computes it first")
+    rec.setdefault("alignments_read", []).append(str(path))
+    return Alignment.load(path)
+
+
+def _write_phase(pa, pb, al, args, ph, rec, save, rank, world):
+    """The aligned B and the merge written; the two writers run in one process each (side by side on two
+    ranks, one after the other on one), their outputs deleted after unless --keep."""
+    from lmc_fast.stream.paths import apply_to_path, merge_paths
+
     def write_aligned():
         rec["apply_bytes_written"] = folder_bytes(
             phase(ph, "apply", lambda: apply_to_path(al, pb, args.workdir / "b_aligned"), save))
@@ -240,54 +314,58 @@ def main(argv=None) -> dict:
     if rank == 0 and not args.keep:
         for name in ("b_aligned", "merged"):
             shutil.rmtree(args.workdir / name, ignore_errors=True)
-    if args.barrier_tokens and not args.writes_only:
-        data = token_batches(shape["vocab_size"], args.barrier_tokens, args.seq_len)
-        res = phase(ph, "barrier", lambda: lf.barrier(pa, pb, data, lambdas=args.lambdas, align=al), save)
-        rec["barrier"] = {"lambdas": args.lambdas, "tokens": res.streamed["tokens"], "seq_len": args.seq_len,
-                          "barrier": res.barrier, "loss": [float(v) for v in res.loss],
-                          "bytes_read": res.streamed["bytes_read"], "ranks": res.streamed["ranks"]}
-        if rank == 0:
-            print(f"barrier: {res.barrier:.4g} over {args.lambdas} lambdas on {res.streamed['tokens']} tokens", flush=True)
-    if args.planted and not args.writes_only:
-        truth = Alignment.random(canonical_spec(arch), seed=7)
-        twin = args.workdir / "planted"
-        if rank == 0:
-            phase(ph, "plant", lambda: apply_to_path(truth, pa, twin), save)
-        _sync(world)
-        found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args), save)
-        inv = truth.inverse()
-        rec["planted"] = {
-            "permutations_exact": all(torch.equal(found[n][k], inv[n][k]) for n in inv.elements
-                                      for k in inv[n] if not inv[n][k].is_floating_point()),
-            "max_map_error": max(float((found[n][k].double() - inv[n][k].double()).abs().max())
-                                 for n in inv.elements for k in inv[n] if inv[n][k].is_floating_point())}
-        if rank == 0:
-            print(f"planted: {rec['planted']}", flush=True)
-        _sync(world)
-        if rank == 0 and not args.keep:
-            shutil.rmtree(twin, ignore_errors=True)
-    rec["loadavg_1min_end"] = os.getloadavg()[0]
-    rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _barrier_phase(lf, pa, pb, al, shape, args, ph, rec, save, rank):
+    """lf.barrier of (pa, pb moved by al) streamed on seeded random tokens."""
+    data = token_batches(shape["vocab_size"], args.barrier_tokens, args.seq_len)
+    res = phase(ph, "barrier", lambda: lf.barrier(pa, pb, data, lambdas=args.lambdas, align=al), save)
+    rec["barrier"] = {"pair": args.barrier_pair, "lambdas": args.lambdas, "tokens": res.streamed["tokens"],
+                      "seq_len": args.seq_len, "barrier": res.barrier, "loss": [float(v) for v in res.loss],
+                      "bytes_read": res.streamed["bytes_read"], "ranks": res.streamed["ranks"]}
     save()
-    rec = _joined(rec, world)
-    if rank != 0:
-        mine.unlink(missing_ok=True)
-        return rec
+    if rank == 0:
+        print(f"barrier ({args.barrier_pair}): {res.barrier:.4g} over {args.lambdas} lambdas on "
+              f"{res.streamed['tokens']} tokens", flush=True)
+
+
+def _planted_phase(lf, pa, twin, arch, args, ph, rec, save, rank, world):
+    """B' = g . A written streaming and matched against A: g^-1 must come back (permutations exactly)."""
+    from lmc_fast.stream.paths import apply_to_path
+    from lmc_fast.symmetry import Alignment, canonical_spec
+
+    truth = Alignment.random(canonical_spec(arch), seed=7)
+    if rank == 0:
+        shutil.rmtree(twin, ignore_errors=True)  # the bench's own folder: a twin from an earlier run
+        phase(ph, "plant", lambda: apply_to_path(truth, pa, twin), save)
+    _sync(world)
+    found = phase(ph, "match_planted", lambda: _match(lf, pa, twin, args), save)
+    inv = truth.inverse()
+    rec["planted"] = {
+        "permutations_exact": all(torch.equal(found[n][k], inv[n][k]) for n in inv.elements
+                                  for k in inv[n] if not inv[n][k].is_floating_point()),
+        "max_map_error": max(float((found[n][k].double() - inv[n][k].double()).abs().max())
+                             for n in inv.elements for k in inv[n] if inv[n][k].is_floating_point())}
     save()
+    if rank == 0:
+        print(f"planted: {rec['planted']}", flush=True)
+    return found
+
+
+def _summary(rec: dict, args, out: Path, world: int) -> None:
     ph = rec["phases"]
-    if args.writes_only:
-        print(f"{args.preset}: apply {ph['apply']['seconds']:.0f} s, peak {ph['apply']['peak_rss_bytes'] / 2**30:.2f} GiB; "
-              f"merge {ph['merge']['seconds']:.0f} s, peak {ph['merge']['peak_rss_bytes'] / 2**30:.2f} GiB -> {out}")
-        return rec
+    if "match" not in ph:
+        print(f"{args.preset}: " + "; ".join(f"{k} {p['seconds']:.0f} s, peak {p['peak_rss_bytes'] / 2**30:.2f} GiB"
+                                             for k, p in ph.items()) + f" -> {out}")
+        return
     m, mr = ph["match"], rec["match"]
     for k, r in mr["gemms"].items():
         print(f"  GEMMs, {k:11s}: {r['gflop']:8.0f} GFLOP in {r['seconds']:7.1f} s = {r['gflops']:5.1f} GFLOP/s, "
               f"{r['fraction_of_peak']:.0%} of peak, {r['share_of_match_seconds']:.0%} of the match's seconds")
+    writes = "".join(f", {k} {ph[k]['seconds']:.0f} s" for k in ("apply", "merge") if k in ph)
     print(f"{args.preset}: match {m['seconds']:.0f} s ({mr['sweeps']} sweeps + {mr['polish_iterations']} polish, "
           f"{world} rank(s)), peak RSS {rec['peak_rss_bytes'] / 2**30:.2f} GiB per process over all phases; GEMMs at "
-          f"{mr['gemm_fraction_of_peak']:.0%} of {world} x {mr['matmul_peak_gflops']:.0f} GFLOP/s; "
-          f"apply {ph['apply']['seconds']:.0f} s, merge {ph['merge']['seconds']:.0f} s -> {out}")
-    return rec
+          f"{mr['gemm_fraction_of_peak']:.0%} of {world} x {mr['matmul_peak_gflops']:.0f} GFLOP/s{writes} -> {out}")
 
 
 def join_ranks(ranks: list) -> dict:
