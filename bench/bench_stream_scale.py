@@ -22,8 +22,9 @@ Each match saves its alignment in the workdir; `--only PHASE` (repeatable) runs 
 alignments the others saved, so a 7B run can be split over sessions, e.g. the planted twin kept, then its
 barrier (aligned twin = A up to bf16 rounding, so the barrier must be ~0):
     ... --only planted --keep;   ... --only barrier --barrier-pair planted --barrier-tokens 1024
---writes-only skips the match and writes with a random element of the group instead: the memory and seconds
-of apply and merge do not depend on which element (a quick check of the writers at 7B widths).
+--random-element skips the match: the writers and the barrier use a random element of the group instead (their
+memory and seconds do not depend on which: a quick check at 7B widths, e.g. with --layers 2); --writes-only
+is that with the write phase alone.
 The in-memory baseline of the same 1.1B match is bench/bench_llama_scale.py (19.7 GiB peak).
 Writes bench/results/stream_scale_<preset>_cpu.json.
 """
@@ -179,8 +180,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--lambdas", type=int, default=11, help="lambdas of that sweep")
     ap.add_argument("--seq-len", type=int, default=256, help="sequence length of that sweep's batches")
     ap.add_argument("--keep", action="store_true", help="keep the aligned / merged outputs and the planted twin")
-    ap.add_argument("--writes-only", action="store_true",
-                    help="no match: apply and merge with a random group element (writer memory and seconds only)")
+    ap.add_argument("--random-element", action="store_true",
+                    help="no match: the writers and the barrier use a random group element (memory and seconds only)")
+    ap.add_argument("--writes-only", action="store_true", help="--random-element, the write phase alone")
     ap.add_argument("--only", action="append", choices=PHASES, default=None,
                     help="run only this phase (repeatable); an alignment it needs that this run does not compute is "
                          "read from the workdir, where each match saves its own (a long run split over sessions)")
@@ -199,7 +201,7 @@ def main(argv=None) -> dict:
         2 * ("write" in phases) + ("planted" in phases)
     tag = args.preset + (f"_{args.layers}layers" if args.layers else "")
     args.workdir = args.workdir / tag  # checkpoints of one shape per folder (reused across runs)
-    tag += "_writes" if args.writes_only else ""
+    tag += "_writes" if args.writes_only else "_random" if args.random_element else ""
     args.workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(args.workdir).free
     need = model_bytes * (outputs + sum(not (args.workdir / n / "config.json").exists() for n in "ab"))
@@ -231,7 +233,7 @@ def main(argv=None) -> dict:
     arch = adapter_for(meta).arch(meta)
     saved = {"ab": args.workdir / "alignment_ab.safetensors", "planted": args.workdir / "alignment_planted.safetensors"}
     al = None
-    if args.writes_only:
+    if args.writes_only or args.random_element:
         al = Alignment.random(canonical_spec(arch), seed=3)
     elif "match" in phases:
         al = _match_phase(lf, pa, pb, args, arch, model_bytes, ph, rec, save)
@@ -277,9 +279,13 @@ def _phases(args) -> list:
             raise SystemExit("--only barrier needs --barrier-tokens N")
         if args.writes_only and set(args.only) != {"write"}:
             raise SystemExit("--writes-only runs the write phase only")
+        if args.random_element and {"match", "planted"} & set(args.only):
+            raise SystemExit("--random-element has no match: --only write and / or barrier")
         return [p for p in PHASES if p in args.only]
     if args.writes_only:
         return ["write"]
+    if args.random_element:
+        return ["write"] + ["barrier"] * bool(args.barrier_tokens)
     return ["match", "write"] + ["barrier"] * bool(args.barrier_tokens) + ["planted"] * args.planted
 
 

@@ -217,6 +217,44 @@ def test_streamed_barrier_equals_the_fused_engine(tmp_path, tiny_row_blocks, kin
         assert streamed.barrier == pytest.approx(mem.barrier, abs=1e-12)
 
 
+def test_streamed_barrier_mixes_in_chunks_to_the_same_numbers(tmp_path, monkeypatch):
+    """A tensor's K mixtures made one at a time (a 7B MLP matrix's do not fit MIX_BYTES together), into the
+    reused buffer, give the numbers of all K at once; and batches carried one by one, those of one group."""
+    from lmc_fast.sweep import streamed
+
+    (a, b), (pa, pb) = _saved(tmp_path, "llama")
+    data = make_batches("llama", n=3)
+    al = lf.align(pa, pb, "weight")
+    whole = lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al)
+    monkeypatch.setattr(streamed, "MIX_BYTES", 1)
+    monkeypatch.setattr(streamed, "MAX_TOKENS", {"cpu": 1})
+    split = lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al)
+    assert (whole.streamed["groups"], split.streamed["groups"]) == (1, 3)
+    for field in ("loss", "acc", "ece"):
+        assert getattr(split, field) == pytest.approx(getattr(whole, field), abs=1e-12), field
+
+
+def test_streamed_barrier_carries_neighbouring_batches_of_one_shape_as_one():
+    """sweep/streamed.grouped: a layer is mixed once per group, so neighbours of one shape are concatenated
+    (order kept) while the group stays within the budget; another shape, or a batch over the budget, starts a
+    new group; batches that are not tensors pass alone."""
+    from lmc_fast.sweep.streamed import grouped
+
+    def batch(b, t, seed):
+        x = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(seed))
+        return x, x + 1
+
+    bs = [batch(2, 8, 0), batch(2, 8, 1), batch(2, 8, 2), batch(2, 6, 3), batch(1, 6, 4), batch(9, 6, 5)]
+    out = grouped(bs, budget=40)
+    assert [tuple(x.shape) for x, _ in out] == [(4, 8), (2, 8), (3, 6), (9, 6)]
+    assert torch.equal(out[0][0], torch.cat([bs[0][0], bs[1][0]])) and torch.equal(out[0][1], out[0][0] + 1)
+    assert torch.equal(out[2][0], torch.cat([bs[3][0], bs[4][0]]))
+    assert sum(x.numel() for x, _ in out) == sum(x.numel() for x, _ in bs)
+    odd = [((1, 2), 0), ((3, 4), 1)]
+    assert grouped(odd, budget=100) == odd
+    assert len(grouped(bs, budget=10**6)) == 2  # (B, 8) then (B, 6)
+
+
 def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
     (a, _), (pa, pb) = _saved(tmp_path, "llama")
     data = make_batches("llama")

@@ -1,6 +1,7 @@
 """The barrier of two checkpoints on disk, streamed a layer at a time: the K mixtures' activations of every
 evaluation batch carried through the network together, each layer's weights of A and B read once for all
-K and all batches, mixed per tensor (K' mixtures at a time within a memory bound) and dropped.
+K and all batches, mixed per tensor (K' mixtures at a time within a memory bound, into one reused buffer) once
+per group of batches (neighbours of one shape concatenated up to the fused engine's pass size) and dropped.
 Memory: one layer of each model, the activations (K x tokens x width), one mixture's logits.
 
     res = lf.barrier("runs/a", "runs/b", data, lambdas=11, align=al)     # al from lf.align(path_a, path_b)
@@ -16,53 +17,76 @@ import torch
 from ..models import functional as Fn
 from ..symmetry import spec_for
 from .result import barrier_result, lambda_grid
+from .batched import MAX_TOKENS
 from .batches import reiterable
 from .checks import spec_from_model
 from .metrics import MetricSums, task_of
 
-#: bytes of one tensor's K stacked mixtures made at once (more mixtures: in several passes)
+#: bytes of one tensor's mixtures made at once (more mixtures: in several passes), in the sweep's dtype
 MIX_BYTES = 256 * 2**20
 
 
 class MixedOps:
-    """Fn's ops (`linear`, `norm`) of K mixtures sum_n w_kn theta_n of the loaded parameters of N models."""
+    """Fn's ops (`linear`, `norm`) of K mixtures sum_n w_kn theta_n of the loaded parameters of N models.
+
+    `linear` mixes into one scratch buffer that it reuses: a fresh quarter-gigabyte tensor per mixture (a
+    7B MLP matrix in float32) costs more in page faults than the mixing itself (profiled at 7B widths: the
+    allocating version spent 0.65 s per MLP mixture, half the sweep's time)."""
 
     def __init__(self, arch, weights: torch.Tensor, dtype):
         self.arch, self.w, self.dtype = arch, weights.to(torch.float64), dtype
         self.p = [{} for _ in range(weights.shape[1])]
+        self._scratch = torch.empty(0, dtype=dtype)
 
     def load(self, parts: list[dict]) -> None:
+        """Keep the parts' tensors; they should come contiguous (an alignment's action on an input axis leaves
+        a transposed view, and mixing a transposed 7B MLP matrix ran 4x slower than a contiguous one)."""
         for store, part in zip(self.p, parts):
-            store.update(part)
+            store.update({n: t.contiguous() for n, t in part.items()})
 
     def drop(self, keep) -> None:
         for store in self.p:
             for n in [n for n in store if not keep(n)]:
                 del store[n]
 
-    def mixed(self, name: str, k0: int, k1: int) -> torch.Tensor:
-        """The mixtures k0:k1 of one parameter, (k1 - k0, ...): summed in float64 for float64 sweeps, in the
-        sweep's dtype otherwise (a float64 copy of a 7B model's head would not fit the memory bound)."""
-        acc_dtype = torch.float64 if self.dtype == torch.float64 else self.dtype
-        acc = None
-        for n, store in enumerate(self.p):
-            t = store[name].to(acc_dtype)
-            term = self.w[k0:k1, n].to(acc_dtype).reshape(-1, *([1] * t.dim())) * t
-            acc = term if acc is None else acc + term
-        return acc.to(self.dtype)
+    def mixed(self, name: str, k0: int, k1: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The mixtures k0:k1 of one parameter, (k1 - k0, ...), summed in the sweep's dtype (float64 for float64
+        sweeps; a float64 copy of a 7B model's head would not fit the memory bound), into `out` when given."""
+        ts = [store[name].to(self.dtype) for store in self.p]
+        if out is None:
+            out = torch.empty((k1 - k0, *ts[0].shape), dtype=self.dtype)
+        w = self.w[k0:k1].to(self.dtype).tolist()  # each weight rounded to the dtype, as the terms are
+        for j, wj in enumerate(w):
+            torch.mul(ts[0], wj[0], out=out[j])
+            for t, wn in zip(ts[1:], wj[1:]):
+                out[j].add_(t, alpha=wn)
+        return out
 
     def _chunks(self, name: str):
         K = self.w.shape[0]
-        per = max(1, MIX_BYTES // max(1, self.p[0][name].numel() * 8))  # float64 scratch per mixture
+        per = max(1, MIX_BYTES // max(1, self.p[0][name].numel() * self.dtype.itemsize))
         return [(k, min(k + per, K)) for k in range(0, K, per)]
+
+    def _buffer(self, name: str, k0: int, k1: int) -> torch.Tensor:
+        """A view of the reused scratch shaped for mixtures k0:k1 of `name`."""
+        shape = self.p[0][name].shape
+        n = (k1 - k0) * self.p[0][name].numel()
+        if self._scratch.numel() < n:
+            self._scratch = torch.empty(n, dtype=self.dtype)
+        return self._scratch[:n].view(k1 - k0, *shape)
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         W, b = name + ".weight", name + ".bias"
-        outs = []
-        for k0, k1 in self._chunks(W):
+        chunks, out = self._chunks(W), None
+        for k0, k1 in chunks:
             bias = self.mixed(b, k0, k1) if b in self.p[0] else None
-            outs.append(Fn.linear(x[k0:k1], self.mixed(W, k0, k1), bias))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+            y = Fn.linear(x[k0:k1], self.mixed(W, k0, k1, self._buffer(W, k0, k1)), bias)
+            if len(chunks) == 1:
+                return y
+            if out is None:  # filled chunk by chunk: a list of the chunks and their cat would hold it twice
+                out = y.new_empty((x.shape[0], *y.shape[1:]))
+            out[k0:k1] = y
+        return out
 
     def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         W, b = name + ".weight", name + ".bias"
@@ -71,6 +95,29 @@ class MixedOps:
 
     def tensor(self, name: str) -> torch.Tensor:
         return self.mixed(name, 0, self.w.shape[0])
+
+    def one(self, k: int) -> dict:
+        """Mixture k of every loaded parameter, {name: (1, ...)}: what the head reads for all batches at once."""
+        return {name: self.mixed(name, k, k + 1) for name in self.p[0]}
+
+
+def grouped(batches: list, budget: int) -> list:
+    """The batches as fewer, larger ones: neighbours whose inputs and targets agree past the first (batch)
+    dimension are concatenated while the group's input elements stay within `budget` (a batch over it stays
+    alone, as does one that is not a pair of tensors). A layer's weights are then mixed once per group, not
+    once per batch; the metrics are sums, so the results do not change."""
+    def key(x, y):
+        return (x.shape[1:], x.dtype, y.shape[1:], y.dtype) if torch.is_tensor(x) and torch.is_tensor(y) else None
+    groups, size = [], 0
+    for x, y in batches:
+        k = key(x, y)
+        if groups and k is not None and k == key(*groups[-1][-1]) and size + x.numel() <= budget:
+            groups[-1].append((x, y))
+            size += x.numel()
+        else:
+            groups.append([(x, y)])
+            size = x.numel() if k is not None else 0
+    return [g[0] if len(g) == 1 else (torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) for g in groups]
 
 
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
@@ -104,10 +151,17 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     total_tokens = sum(x.numel() for x, _ in batches)
     if shard is not None:
         batches = batches[shard[0]::shard[1]]
+    # the activations of K mixtures of a group in one pass: the fused engine's per-pass token budget
+    batches = grouped(batches, max(1, MAX_TOKENS["cpu"] // len(points)))
     blocks = Blocks([a, b], spec, dtype)
     weights = torch.tensor([[1.0 - l, l] for l in points], dtype=torch.float64)
-    aligned = (lambda parts: [parts[0], align.apply_params(parts[1])]) if align is not None else None
-    fwd = LayerForward(blocks, batches, aligned)
+
+    def aligned(parts):
+        moved = align.apply_params(parts[1])
+        for name in moved:  # contiguous one by one: each transposed view's storage goes as its copy replaces it
+            moved[name] = moved[name].contiguous()
+        return [parts[0], moved]
+    fwd = LayerForward(blocks, batches, aligned if align is not None else None)
     ops = MixedOps(arch, weights, dtype)
     ops.load(fwd.outer)
     hs = []
@@ -122,14 +176,15 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
         ops.drop(lambda n: not n.startswith(f"blocks.{l}."))
     task = task_of(arch)
     sums = [MetricSums(is_lm=task != "classify", task=task) for _ in points]
-    for h, (_, y) in zip(hs, batches):
-        for k in range(len(points)):
-            one = MixedOps(arch, weights[k:k + 1], dtype)
-            one.p = ops.p
-            sums[k].add(Fn.head(arch, one, h[k:k + 1])[0], y)
+    for k in range(len(points)):
+        mixture = ops.one(k)  # the head's parameters mixed once for every batch
+        for h, (_, y) in zip(hs, batches):
+            sums[k].add(Fn.head(arch, mixture, h[k:k + 1])[0], y)
+        del mixture
     sums = reduce_sums(sums, shard)
     rows = {lam: s.result() for lam, s in zip(points, sums)}
     res = barrier_result(lams, rows, spec.space, "streamed", time.perf_counter() - t0)
     res.streamed = {"bytes_read": blocks.bytes_read, "tokens": total_tokens, "lambdas": len(points),
+                    "groups": len(batches),  # this rank's batch groups: how many times each layer was mixed
                     "ranks": 1 if shard is None else shard[1]}
     return res
