@@ -318,3 +318,31 @@ def test_stream_bench_joins_ranks_by_their_slowest_and_largest():
     assert len(batches) == 4 and all(x.shape == (1, 256) and torch.equal(x, y) for x, y in batches)
     assert sum(x.numel() for x, _ in batches) == 1024 and int(max(x.max() for x, _ in batches)) < 50
     assert all(torch.equal(x, x2) for (x, _), (x2, _) in zip(batches, b.token_batches(50, 1024, 256)))
+
+
+def test_stream_bench_phases_follow_the_flags_and_refuse_what_cannot_run():
+    """bench/bench_stream_scale.py's phases: by default what the flags ask for, in their order; `--only`
+    (a run split over sessions) runs just those, and refuses a barrier without tokens or a match with a
+    random element, each in one line."""
+    import pytest
+
+    import bench_stream_scale as b
+
+    def phases(*argv):
+        import argparse
+
+        ap = argparse.ArgumentParser()
+        for flag in ("--planted", "--random-element", "--writes-only"):
+            ap.add_argument(flag, action="store_true")
+        ap.add_argument("--barrier-tokens", type=int, default=0)
+        ap.add_argument("--only", action="append", choices=b.PHASES, default=None)
+        return b._phases(ap.parse_args(argv))
+
+    assert phases() == ["match", "write"]
+    assert phases("--planted", "--barrier-tokens", "8") == ["match", "write", "barrier", "planted"]
+    assert phases("--random-element", "--barrier-tokens", "8") == ["write", "barrier"]
+    assert phases("--writes-only") == ["write"]
+    assert phases("--only", "planted", "--only", "match") == ["match", "planted"]
+    for bad in (("--only", "barrier"), ("--random-element", "--only", "match"), ("--writes-only", "--only", "barrier")):
+        with pytest.raises(SystemExit, match="--"):
+            phases(*bad, "--barrier-tokens", "8" if bad[0] == "--writes-only" else "0")

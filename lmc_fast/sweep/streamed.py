@@ -161,7 +161,12 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
         for name in moved:  # contiguous one by one: each transposed view's storage goes as its copy replaces it
             moved[name] = moved[name].contiguous()
         return [parts[0], moved]
+    # where the seconds go: what a pass costs whatever K is (reading, the canonical form, the alignment's
+    # action) against what the K mixtures cost (mixing, the forward): says what more lambdas cost
+    clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
+    t = time.perf_counter()
     fwd = LayerForward(blocks, batches, aligned if align is not None else None)
+    clock["read_and_align"] += time.perf_counter() - t
     ops = MixedOps(arch, weights, dtype)
     ops.load(fwd.outer)
     hs = []
@@ -171,9 +176,14 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
         h = sum(weights[:, n].reshape(-1, 1, 1, 1) * e for n, e in enumerate(ends)).to(dtype)
         hs.append(Fn.embed_norm(arch, ops, h))
     for l in range(arch.n_layer):
+        t = time.perf_counter()
         ops.load(fwd.layer(l))
+        t1 = time.perf_counter()
         hs = [Fn.block(arch, ops, l, h) for h in hs]
         ops.drop(lambda n: not n.startswith(f"blocks.{l}."))
+        clock["read_and_align"] += t1 - t
+        clock["layers"] += time.perf_counter() - t1
+    t = time.perf_counter()
     task = task_of(arch)
     sums = [MetricSums(is_lm=task != "classify", task=task) for _ in points]
     for k in range(len(points)):
@@ -181,10 +191,11 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
         for h, (_, y) in zip(hs, batches):
             sums[k].add(Fn.head(arch, mixture, h[k:k + 1])[0], y)
         del mixture
+    clock["head"] = time.perf_counter() - t
     sums = reduce_sums(sums, shard)
     rows = {lam: s.result() for lam, s in zip(points, sums)}
     res = barrier_result(lams, rows, spec.space, "streamed", time.perf_counter() - t0)
     res.streamed = {"bytes_read": blocks.bytes_read, "tokens": total_tokens, "lambdas": len(points),
                     "groups": len(batches),  # this rank's batch groups: how many times each layer was mixed
-                    "ranks": 1 if shard is None else shard[1]}
+                    "ranks": 1 if shard is None else shard[1], "seconds": clock}
     return res
