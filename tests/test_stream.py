@@ -234,6 +234,24 @@ def test_streamed_barrier_mixes_in_chunks_to_the_same_numbers(tmp_path, monkeypa
         assert getattr(split, field) == pytest.approx(getattr(whole, field), abs=1e-12), field
 
 
+def test_streamed_adaptive_lambdas_take_the_in_memory_rounds(tmp_path):
+    """lambdas="adaptive" streamed: a pass per round (the coarse grid, then one point at the peak a round),
+    the same points and numbers as the in-memory refinement (float64)."""
+    from lmc_fast.sweep.adaptive import Adaptive
+
+    (a, b), (pa, pb) = _saved(tmp_path, "llama")
+    data = make_batches("llama")
+    al = lf.align(pa, pb, "weight")
+    settings = Adaptive(tol=1e-6, max_evaluations=9)
+    mem = lf.barrier(a, al.apply(b), data, lambdas=settings, dtype=torch.float64, space=al.spec.space)
+    streamed = lf.barrier(pa, pb, data, lambdas=settings, dtype=torch.float64, align=al)
+    # the parabola's vertex amplifies float64 rounding of the losses: the points agree to 1e-9, not bitwise
+    assert streamed.lambdas == pytest.approx(mem.lambdas, abs=1e-9) and streamed.adaptive == mem.adaptive
+    assert streamed.adaptive["rounds"] >= 1 and streamed.streamed["passes"] == 1 + streamed.adaptive["rounds"]
+    assert streamed.streamed["lambdas"] == len(streamed.lambdas)
+    assert streamed.loss == pytest.approx(mem.loss, abs=1e-12) and streamed.barrier == pytest.approx(mem.barrier, abs=1e-12)
+
+
 def test_streamed_barrier_carries_neighbouring_batches_of_one_shape_as_one():
     """sweep/streamed.grouped: a layer is mixed once per group, so neighbours of one shape are concatenated
     (order kept) while the group stays within the budget; another shape, or a batch over the budget, starts a
@@ -258,8 +276,8 @@ def test_streamed_barrier_carries_neighbouring_batches_of_one_shape_as_one():
 def test_streamed_barrier_refuses_what_it_cannot_sweep(tmp_path):
     (a, _), (pa, pb) = _saved(tmp_path, "llama")
     data = make_batches("llama")
-    with pytest.raises(ValueError, match="adaptive"):
-        lf.barrier(pa, pb, data, lambdas="adaptive")
+    with pytest.raises(ValueError, match="lambdas must be"):
+        lf.barrier(pa, pb, data, lambdas="often")
     with pytest.raises(ValueError, match="both models or both checkpoint paths"):
         lf.barrier(a, pb, data)
     bad = [(torch.full((2, 5), 999), torch.zeros(2, 5, dtype=torch.long))]
@@ -301,6 +319,11 @@ def test_cli_align_and_sweep_stream_folders(tmp_path, capsys):
     assert runs["stream"]["engine"] == "streamed"
     assert runs["stream"]["loss"] == pytest.approx(runs["memory"]["loss"], rel=1e-5)
     assert runs["stream"]["barrier"] == pytest.approx(runs["memory"]["barrier"], rel=1e-4, abs=1e-6)
+    out = tmp_path / "adaptive.json"
+    assert main(["sweep", *paths, "--align", w, "--lambdas", "adaptive", "--max-batches", "2", "--stream",
+                 "--out", str(out), "-q"]) == 0
+    adaptive = json.loads(out.read_text())["results"]["weight"]
+    assert adaptive["engine"] == "streamed" and adaptive["adaptive"]["evaluations"] == len(adaptive["lambdas"]) >= 5
 
 
 @pytest.mark.parametrize("option", [{"engine": "loop"}, {"checkpoint": "ckpt"}, {"max_memory": 2**30},

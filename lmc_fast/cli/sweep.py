@@ -27,7 +27,7 @@ def register(subparsers, parents):
                    help="tokens per fused pass (default: 8192 on CPU, 262144 on CUDA)")
     s.add_argument("--stream", action="store_true",
                    help="read A and B a layer at a time instead of loading them (checkpoints of any size; CPU; "
-                        "every batch carried through together, so keep --max-batches small; not adaptive)")
+                        "every batch carried through together, so keep --max-batches small; adaptive: a pass per round)")
     s.add_argument("--name", default=None, help="label of this curve in the JSON/plot (default: the method)")
     s.add_argument("--out", required=True, help="result JSON")
     s.add_argument("--plot", default=None, help="also write a PNG of the curve (default: no plot)")
@@ -82,8 +82,6 @@ def _run_streamed(args, con: Console, lambdas) -> int:
 
     from ..stream.checkpoint import StreamedCheckpoint
 
-    if lambdas == "adaptive":
-        raise CLIError("--stream takes a count or values for --lambdas, not adaptive")
     if args.device not in (None, "cpu"):
         raise CLIError("--stream runs on the CPU")
     cks = [StreamedCheckpoint(p) for p in (args.a, args.b)]

@@ -123,79 +123,106 @@ def grouped(batches: list, budget: int) -> list:
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
                   max_batches: int | None = None, progress: bool = False, distributed: bool | None = None):
     """The BarrierResult of the linear path from checkpoint `path_a` to `path_b` (B moved by `align`, in its
-    space; else `space`), streamed. Lambdas as `lf.barrier` takes them (a count or values; not adaptive).
+    space; else `space`), streamed. Lambdas as `lf.barrier` takes them: a count, values, or "adaptive"
+    (`Adaptive`), where every round is a pass over both checkpoints (read and aligned again): worth it when
+    the data is large enough that K mixtures' forward outweighs a pass (`res.streamed["seconds"]` says).
     Under torchrun (or `distributed=True`) each rank carries its share of the batches and the metric sums
-    are all-reduced, as in the fused engine (sweep/shard.py): every rank returns the whole result."""
-    from .shard import reduce_sums, shard_of
+    are all-reduced, as in the fused engine (sweep/shard.py): every rank returns the whole result, so every
+    rank takes the same adaptive rounds."""
+    from .adaptive import adaptive_points, as_adaptive
+    from .shard import shard_of
+    from ..models.adapters import check_compatible
     from ..stream.checkpoint import StreamedCheckpoint
-    from ..stream.forward import LayerForward, collect_batches
-    from ..stream.pieces import Blocks
+    from ..stream.forward import collect_batches
 
     t0 = time.perf_counter()
-    if lambdas == "adaptive":
-        raise ValueError("lambdas='adaptive' needs the models in memory; a streamed sweep takes a count or values")
-    lams = lambda_grid(lambdas)
-    points = sorted(set(lams) | {0.0, 1.0})
+    adaptive = as_adaptive(lambdas)
+    lams = None if adaptive is not None else lambda_grid(lambdas)
     a, b = StreamedCheckpoint(path_a), StreamedCheckpoint(path_b)
-    from ..models.adapters import check_compatible
-
     check_compatible(a.model, b.model, mlp="equal")
     if align is not None:
         align.validate()
         spec = align.spec
     else:
         spec = spec_for(a.arch, space)
-    arch = spec.arch
     shard = shard_of(distributed)
     batches = collect_batches(reiterable(data), spec_from_model(a.model), max_batches)
     total_tokens = sum(x.numel() for x, _ in batches)
     if shard is not None:
         batches = batches[shard[0]::shard[1]]
-    # the activations of K mixtures of a group in one pass: the fused engine's per-pass token budget
-    batches = grouped(batches, max(1, MAX_TOKENS["cpu"] // len(points)))
-    blocks = Blocks([a, b], spec, dtype)
-    weights = torch.tensor([[1.0 - l, l] for l in points], dtype=torch.float64)
+    sweep = _Pass(a, b, spec, align, dtype, batches, shard)
+    if adaptive is not None:  # a coarse grid, then one point a round at the peak (sweep/adaptive.py)
+        by_lam, info = adaptive_points(sweep, adaptive)
+        res = barrier_result(sorted(by_lam), by_lam, spec.space, "streamed", time.perf_counter() - t0)
+        res.adaptive = info
+    else:
+        res = barrier_result(lams, sweep(sorted(set(lams) | {0.0, 1.0})), spec.space, "streamed",
+                             time.perf_counter() - t0)
+    res.streamed = {"bytes_read": sweep.bytes_read, "tokens": total_tokens, "passes": sweep.passes,
+                    "lambdas": sweep.evaluated, "groups": sweep.groups,  # this rank's: how often a layer is mixed
+                    "ranks": 1 if shard is None else shard[1], "seconds": sweep.clock}
+    return res
 
-    def aligned(parts):
-        moved = align.apply_params(parts[1])
+
+class _Pass:
+    """One streamed pass: `(lambdas) -> {lambda: metrics}`, every batch group's mixtures carried through the
+    layers of both checkpoints together. Counts what the passes read and where their seconds went: what a pass
+    costs whatever K is (reading, the canonical form, the alignment's action) against what the K mixtures cost
+    (mixing, the forward), which says what more lambdas, or more passes, cost."""
+
+    def __init__(self, a, b, spec, align, dtype, batches: list, shard):
+        self.cks, self.spec, self.align, self.dtype, self.shard = [a, b], spec, align, dtype, shard
+        self.batches = batches
+        self.bytes_read, self.passes, self.evaluated, self.groups = 0, 0, 0, 0
+        self.clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
+
+    def _aligned(self, parts):
+        moved = self.align.apply_params(parts[1])
         for name in moved:  # contiguous one by one: each transposed view's storage goes as its copy replaces it
             moved[name] = moved[name].contiguous()
         return [parts[0], moved]
-    # where the seconds go: what a pass costs whatever K is (reading, the canonical form, the alignment's
-    # action) against what the K mixtures cost (mixing, the forward): says what more lambdas cost
-    clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
-    t = time.perf_counter()
-    fwd = LayerForward(blocks, batches, aligned if align is not None else None)
-    clock["read_and_align"] += time.perf_counter() - t
-    ops = MixedOps(arch, weights, dtype)
-    ops.load(fwd.outer)
-    hs = []
-    for x, _ in batches:
-        # the embedding is linear in the parameters: the end models' sums, mixed
-        ends = [fwd.embedded(i, x)[0].to(torch.float64) for i in range(2)]
-        h = sum(weights[:, n].reshape(-1, 1, 1, 1) * e for n, e in enumerate(ends)).to(dtype)
-        hs.append(Fn.embed_norm(arch, ops, h))
-    for l in range(arch.n_layer):
+
+    def __call__(self, lams: list) -> dict:
+        from .shard import reduce_sums
+        from ..stream.forward import LayerForward
+        from ..stream.pieces import Blocks
+
+        arch, dtype, clock = self.spec.arch, self.dtype, self.clock
+        # the activations of K mixtures of a group in one pass: the fused engine's per-pass token budget
+        batches = grouped(self.batches, max(1, MAX_TOKENS["cpu"] // len(lams)))
+        blocks = Blocks(self.cks, self.spec, dtype)
+        weights = torch.tensor([[1.0 - l, l] for l in lams], dtype=torch.float64)
         t = time.perf_counter()
-        ops.load(fwd.layer(l))
-        t1 = time.perf_counter()
-        hs = [Fn.block(arch, ops, l, h) for h in hs]
-        ops.drop(lambda n: not n.startswith(f"blocks.{l}."))
-        clock["read_and_align"] += t1 - t
-        clock["layers"] += time.perf_counter() - t1
-    t = time.perf_counter()
-    task = task_of(arch)
-    sums = [MetricSums(is_lm=task != "classify", task=task) for _ in points]
-    for k in range(len(points)):
-        mixture = ops.one(k)  # the head's parameters mixed once for every batch
-        for h, (_, y) in zip(hs, batches):
-            sums[k].add(Fn.head(arch, mixture, h[k:k + 1])[0], y)
-        del mixture
-    clock["head"] = time.perf_counter() - t
-    sums = reduce_sums(sums, shard)
-    rows = {lam: s.result() for lam, s in zip(points, sums)}
-    res = barrier_result(lams, rows, spec.space, "streamed", time.perf_counter() - t0)
-    res.streamed = {"bytes_read": blocks.bytes_read, "tokens": total_tokens, "lambdas": len(points),
-                    "groups": len(batches),  # this rank's batch groups: how many times each layer was mixed
-                    "ranks": 1 if shard is None else shard[1], "seconds": clock}
-    return res
+        fwd = LayerForward(blocks, batches, self._aligned if self.align is not None else None)
+        clock["read_and_align"] += time.perf_counter() - t
+        ops = MixedOps(arch, weights, dtype)
+        ops.load(fwd.outer)
+        hs = []
+        for x, _ in batches:
+            # the embedding is linear in the parameters: the end models' sums, mixed
+            ends = [fwd.embedded(i, x)[0].to(torch.float64) for i in range(2)]
+            h = sum(weights[:, n].reshape(-1, 1, 1, 1) * e for n, e in enumerate(ends)).to(dtype)
+            hs.append(Fn.embed_norm(arch, ops, h))
+        for l in range(arch.n_layer):
+            t = time.perf_counter()
+            ops.load(fwd.layer(l))
+            t1 = time.perf_counter()
+            hs = [Fn.block(arch, ops, l, h) for h in hs]
+            ops.drop(lambda n: not n.startswith(f"blocks.{l}."))
+            clock["read_and_align"] += t1 - t
+            clock["layers"] += time.perf_counter() - t1
+        t = time.perf_counter()
+        task = task_of(arch)
+        sums = [MetricSums(is_lm=task != "classify", task=task) for _ in lams]
+        for k in range(len(lams)):
+            mixture = ops.one(k)  # the head's parameters mixed once for every batch
+            for h, (_, y) in zip(hs, batches):
+                sums[k].add(Fn.head(arch, mixture, h[k:k + 1])[0], y)
+            del mixture
+        clock["head"] += time.perf_counter() - t
+        sums = reduce_sums(sums, self.shard)
+        self.bytes_read += blocks.bytes_read
+        self.passes += 1
+        self.evaluated += len(lams)
+        self.groups = len(batches)
+        return {lam: s.result() for lam, s in zip(lams, sums)}
