@@ -1,5 +1,6 @@
 """Streamed matching and sweeps under torchrun: 2 gloo ranks split the layers (matching) and the batches
-(the barrier), all-reduce the statistics, and every rank returns what one process returns."""
+(the barrier; each rank aligns half of B's tensors and broadcasts them), all-reduce the statistics, and every
+rank returns what one process returns."""
 import json
 import os
 import subprocess
@@ -69,4 +70,5 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         assert r2["objective"] == pytest.approx(r1["objective"], rel=1e-12)
         for key in ("loss", "acc", "ece"):
             assert r2["barrier"][key] == pytest.approx(r1["barrier"][key], rel=1e-9, abs=1e-12), key
-        assert r2["barrier"]["streamed"]["ranks"] == 2
+        assert r2["barrier"]["streamed"]["ranks"] == 2 and r1["barrier"]["streamed"]["aligned_here"] == 1.0
+        assert 0.35 < r2["barrier"]["streamed"]["aligned_here"] < 0.65  # each rank moved about half of B

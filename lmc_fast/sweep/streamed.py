@@ -160,7 +160,9 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
                              time.perf_counter() - t0)
     res.streamed = {"bytes_read": sweep.bytes_read, "tokens": total_tokens, "passes": sweep.passes,
                     "lambdas": sweep.evaluated, "groups": sweep.groups,  # this rank's: how often a layer is mixed
-                    "ranks": 1 if shard is None else shard[1], "seconds": sweep.clock}
+                    "ranks": 1 if shard is None else shard[1], "seconds": sweep.clock,
+                    # the share of B's elements this rank moved by the alignment (the others' came broadcast)
+                    "aligned_here": sweep.aligned_share()}
     return res
 
 
@@ -175,12 +177,44 @@ class _Pass:
         self.batches = batches
         self.bytes_read, self.passes, self.evaluated, self.groups = 0, 0, 0, 0
         self.clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
+        self._load = [0] * (1 if shard is None else shard[1])  # elements each rank has moved (_owners)
 
     def _aligned(self, parts):
-        moved = self.align.apply_params(parts[1])
-        for name in moved:  # contiguous one by one: each transposed view's storage goes as its copy replaces it
-            moved[name] = moved[name].contiguous()
+        """[A's part, B's part moved by the alignment], contiguous (mixing a transposed view is slow). Under
+        torchrun each rank moves its share of the tensors and broadcasts them: the residual rotation of every
+        B tensor is most of a pass's fixed cost (a 4096-wide rotation of a 7B layer, 1.8 TFLOP), and every
+        rank needs the whole layer."""
+        if self.shard is None:
+            moved = self.align.apply_params(parts[1])
+            for name in moved:  # one by one: each transposed view's storage goes as its copy replaces it
+                moved[name] = moved[name].contiguous()
+            return [parts[0], moved]
+        import torch.distributed as dist
+
+        rank, world = self.shard
+        owner = self._owners(parts[1], world)
+        mine = self.align.apply_params({n: t for n, t in parts[1].items() if owner[n] == rank})
+        moved = {}
+        for name, t in parts[1].items():  # the same order on every rank: the blocks' order
+            # the action keeps shape and dtype (each group's maps are cast to the tensor's dtype)
+            moved[name] = mine.pop(name).contiguous() if owner[name] == rank else torch.empty_like(t)
+            dist.broadcast(moved[name], src=owner[name])
         return [parts[0], moved]
+
+    def aligned_share(self) -> float | None:
+        if self.align is None:
+            return None
+        return 1.0 if self.shard is None else self._load[self.shard[0]] / max(1, sum(self._load))
+
+    def _owners(self, part: dict, world: int) -> dict:
+        """Which rank moves each tensor: largest first to the least loaded rank so far in this pass, the same on
+        every rank (the blocks come in the same order everywhere)."""
+        load, owner = self._load, {}
+        for name in sorted(part, key=lambda n: (-part[n].numel(), n)):
+            r = min(range(world), key=lambda i: (load[i], i))
+            owner[name] = r
+            load[r] += part[name].numel()
+        return owner
 
     def __call__(self, lams: list) -> dict:
         from .shard import reduce_sums
