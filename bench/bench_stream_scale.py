@@ -330,7 +330,8 @@ def _barrier_phase(lf, pa, pb, al, shape, args, ph, rec, save, rank):
                       "seq_len": args.seq_len, "barrier": res.barrier, "loss": [float(v) for v in res.loss],
                       "bytes_read": res.streamed["bytes_read"], "ranks": res.streamed["ranks"]}
     # this rank's seconds by part (per rank in rank_phases): the cost of a pass against that of its K mixtures
-    ph["barrier"].update(parts=res.streamed["seconds"], groups=res.streamed["groups"])
+    ph["barrier"].update(parts=res.streamed["seconds"], groups=res.streamed["groups"],
+                         aligned_here=res.streamed["aligned_here"])
     save()
     if rank == 0:
         print(f"barrier ({args.barrier_pair}): {res.barrier:.4g} over {args.lambdas} lambdas on "
