@@ -331,7 +331,7 @@ def _barrier_phase(lf, pa, pb, al, shape, args, ph, rec, save, rank):
                       "bytes_read": res.streamed["bytes_read"], "ranks": res.streamed["ranks"]}
     # this rank's seconds by part (per rank in rank_phases): the cost of a pass against that of its K mixtures
     ph["barrier"].update(parts=res.streamed["seconds"], groups=res.streamed["groups"],
-                         aligned_here=res.streamed["aligned_here"])
+                         aligned_here=res.streamed["aligned_here"], planned_bytes=res.streamed["planned_bytes"])
     save()
     if rank == 0:
         print(f"barrier ({args.barrier_pair}): {res.barrier:.4g} over {args.lambdas} lambdas on "

@@ -252,6 +252,29 @@ def test_streamed_adaptive_lambdas_take_the_in_memory_rounds(tmp_path):
     assert streamed.loss == pytest.approx(mem.loss, abs=1e-12) and streamed.barrier == pytest.approx(mem.barrier, abs=1e-12)
 
 
+def test_streamed_barrier_plans_its_groups_within_max_memory(tmp_path):
+    """max_memory: the batch groups shrink to what the plan fits (same numbers), and a sweep of which even one
+    batch at a time does not fit is refused in one line before anything is read."""
+    from lmc_fast.stream.checkpoint import StreamedCheckpoint
+    from lmc_fast.stream.pieces import Blocks
+    from lmc_fast.sweep.streamed import planned_bytes
+
+    (a, b), (pa, pb) = _saved(tmp_path, "llama")
+    data = make_batches("llama", n=3)
+    al = lf.align(pa, pb, "weight")
+    whole = lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al)
+    shapes = Blocks([StreamedCheckpoint(pa)] * 2, al.spec, torch.float64).shapes
+    one = data[0][0].numel()
+    fits_one = planned_bytes(al.spec.arch, shapes, 5, 3 * one, one, 8)
+    assert whole.streamed["groups"] == 1 and whole.streamed["planned_bytes"] > fits_one
+    tight = lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al, max_memory=fits_one)
+    assert tight.streamed["groups"] == 3 and tight.streamed["planned_bytes"] <= fits_one
+    for field in ("loss", "acc", "ece"):
+        assert getattr(tight, field) == pytest.approx(getattr(whole, field), abs=1e-12), field
+    with pytest.raises(ValueError, match=r"^streamed sweep needs about .* available; use fewer or smaller batches"):
+        lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al, max_memory=fits_one - 1)
+
+
 def test_streamed_barrier_carries_neighbouring_batches_of_one_shape_as_one():
     """sweep/streamed.grouped: a layer is mixed once per group, so neighbours of one shape are concatenated
     (order kept) while the group stays within the budget; another shape, or a batch over the budget, starts a
@@ -326,7 +349,7 @@ def test_cli_align_and_sweep_stream_folders(tmp_path, capsys):
     assert adaptive["engine"] == "streamed" and adaptive["adaptive"]["evaluations"] == len(adaptive["lambdas"]) >= 5
 
 
-@pytest.mark.parametrize("option", [{"engine": "loop"}, {"checkpoint": "ckpt"}, {"max_memory": 2**30},
+@pytest.mark.parametrize("option", [{"engine": "loop"}, {"checkpoint": "ckpt"},
                                     {"max_tokens": 4096}, {"device": "meta"}, {"chunk": 4}])
 def test_streamed_barrier_refuses_in_memory_settings(tmp_path, option):
     (_, _), (pa, pb) = _saved(tmp_path, "llama")

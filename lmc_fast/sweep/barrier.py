@@ -38,7 +38,8 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
     `align` (an Alignment of model_b onto model_a): sweep to the aligned B, in the alignment's space.
     `model_a` and `model_b` may be checkpoint paths: the sweep then streams them a layer at a time
     (`sweep/streamed.py`: every evaluation batch's K mixtures carried through together, each layer read
-    once; memory one layer of each model plus the activations), on the CPU, dtype float32 unless given.
+    once; memory one layer of each model plus the activations, planned within `max_memory` by the size of
+    the batch groups carried through together), on the CPU, dtype float32 unless given.
 
     `lambdas`: a count (evenly spaced, ends included), explicit values in [0, 1], or "adaptive"
     (`sweep.adaptive.Adaptive` for other settings): a coarse grid refined at the peak until it stops
@@ -73,14 +74,15 @@ def barrier(model_a, model_b, data, lambdas=25, *, space: str = "canonical", eng
 
         given = {"engine": engine != "fused", "device": device not in (None, "cpu"), "chunk": chunk != 32,
                  "max_tokens": max_tokens is not None, "kernel": kernel != "auto", "tf32": tf32 is not None,
-                 "max_memory": max_memory is not None, "checkpoint": checkpoint is not None,
+                 "checkpoint": checkpoint is not None,
                  "checkpoint_every": checkpoint_every != 16}
         taken = [k for k, v in given.items() if v]
         if taken:  # each is a setting of the in-memory engines: refused rather than ignored
             raise ValueError(f"{taken[0]} is not an option of a sweep of checkpoint paths (streamed a layer at a "
                              "time, on the CPU); load the models to use it")
         return barrier_paths(model_a, model_b, data, lambdas, align=align, space=space, max_batches=max_batches,
-                             dtype=dtype or __import__("torch").float32, progress=progress, distributed=distributed)
+                             dtype=dtype or __import__("torch").float32, progress=progress, distributed=distributed,
+                             max_memory=max_memory)
     if align is not None:
         model_b, space = align.apply(model_b), align.spec.space
     p0 = next(model_a.parameters())

@@ -102,27 +102,89 @@ class MixedOps:
         return {name: self.mixed(name, k, k + 1) for name in self.p[0]}
 
 
-def grouped(batches: list, budget: int) -> list:
+def grouped(batches: list, budget: int, size=lambda x: x.numel()) -> list:
     """The batches as fewer, larger ones: neighbours whose inputs and targets agree past the first (batch)
-    dimension are concatenated while the group's input elements stay within `budget` (a batch over it stays
-    alone, as does one that is not a pair of tensors). A layer's weights are then mixed once per group, not
+    dimension are concatenated while the group's `size` (input elements unless given) stays within `budget` (a
+    batch over it stays alone, as does one that is not a pair of tensors). A layer's weights are then mixed once per group, not
     once per batch; the metrics are sums, so the results do not change."""
     def key(x, y):
         return (x.shape[1:], x.dtype, y.shape[1:], y.dtype) if torch.is_tensor(x) and torch.is_tensor(y) else None
-    groups, size = [], 0
+    groups, total = [], 0
     for x, y in batches:
         k = key(x, y)
-        if groups and k is not None and k == key(*groups[-1][-1]) and size + x.numel() <= budget:
+        if groups and k is not None and k == key(*groups[-1][-1]) and total + size(x) <= budget:
             groups[-1].append((x, y))
-            size += x.numel()
+            total += size(x)
         else:
             groups.append([(x, y)])
-            size = x.numel() if k is not None else 0
+            total = size(x) if k is not None else 0
     return [g[0] if len(g) == 1 else (torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) for g in groups]
 
 
+def _tokens(arch, shapes: dict):
+    """Positions of the residual stream per input batch: the ids of a token model; a sample's patches (the
+    position table's rows) for images, and every input element where there is no such table (an upper bound)."""
+    if arch.inputs == "tokens":
+        return lambda x: x.numel()
+    rows = shapes.get("pos_embed", (None,))[-2] if len(shapes.get("pos_embed", ())) >= 2 else None
+    return (lambda x: x.shape[0] * rows) if rows else (lambda x: x.numel())
+
+
+def planned_bytes(arch, shapes: dict, K: int, stream_tokens: int, group_tokens: int, itemsize: int) -> int:
+    """The streamed barrier's peak above its start, planned before anything is read: both models' parameters
+    around the layers, the largest layer of both with B's moved copy beside it, the mixing buffer, the stream
+    carried through (K mixtures of every token of this rank), one group's transients (q, k, v, o and the MLP's
+    three products per mixture and token) and one mixture's logits twice (log-softmax). At Mistral-7B shapes
+    (K = 11, 512 tokens a rank) it plans 5.5 GB; the bench measured 5.2 GB above the start (5.9 GB in all)."""
+    numel = lambda shape: int(torch.Size(shape).numel())  # noqa: E731
+    outer = sum(numel(sh) for n, sh in shapes.items() if not n.startswith("blocks."))
+    layers: dict = {}
+    for n, sh in shapes.items():
+        if n.startswith("blocks."):
+            layers[n.split(".")[1]] = layers.get(n.split(".")[1], 0) + numel(sh)
+    layer = max(layers.values(), default=0)
+    # the logits' width: the head's rows, or the token table's where the head is tied to it
+    head = next((n for n in ("lm_head.weight", "head.weight") if n in shapes), None)
+    out_width = next((shapes[n][0] for n in (head, "tok_embed.weight") if n in shapes), arch.d_model)
+    # a token table is read whole (and moved) once, then kept as the batches' rows only, unless it is the head
+    table = numel(shapes["tok_embed.weight"]) if arch.inputs == "tokens" and head is not None else 0
+    first = (2 * outer + table) * itemsize
+    stream = K * stream_tokens * arch.d_model * itemsize
+    group = K * group_tokens * (3 * arch.d_mlp + 4 * arch.d_model) * itemsize + 2 * group_tokens * out_width * itemsize
+    return max(first, (2 * (outer - table) + 3 * layer) * itemsize + MIX_BYTES + stream + group)
+
+
+def plan_groups(arch, shapes: dict, K: int, batches: list, dtype, max_memory: int | None) -> tuple[int, int]:
+    """(tokens a group of batches may hold, the planned peak bytes): the fused engine's pass size
+    (MAX_TOKENS["cpu"] // K) when it fits in `max_memory` (else the machine's available memory), else as many
+    as fit; refused in one line, before anything is read, when even one batch at a time does not fit."""
+    from .checks import format_gb, memory_limit
+
+    tokens = _tokens(arch, shapes)
+    stream = sum(tokens(x) for x, _ in batches if torch.is_tensor(x))
+    largest = max((tokens(x) for x, _ in batches if torch.is_tensor(x)), default=0)
+    budget = max(1, MAX_TOKENS["cpu"] // K)
+    free = memory_limit("cpu", max_memory)
+    s = dtype.itemsize
+    widest = max((tokens(x) for x, _ in grouped(batches, budget, tokens) if torch.is_tensor(x)), default=0)
+    planned = planned_bytes(arch, shapes, K, stream, widest, s)
+    if free is None or planned <= free:
+        return budget, planned
+    need = planned_bytes(arch, shapes, K, stream, largest, s)
+    if need > free:
+        raise ValueError(f"streamed sweep needs about {format_gb(need)} ({K} mixtures of {stream} tokens carried "
+                         f"through, {str(dtype).replace('torch.', '')}) but only {format_gb(free)} is available; "
+                         "use fewer or smaller batches (or more ranks) or fewer lambdas")
+    per_token = planned_bytes(arch, shapes, K, stream, 1, s) - planned_bytes(arch, shapes, K, stream, 0, s)
+    fixed = planned_bytes(arch, shapes, K, stream, 0, s)
+    budget = max(largest, int((free - fixed) // per_token))
+    widest = max((tokens(x) for x, _ in grouped(batches, budget, tokens) if torch.is_tensor(x)), default=0)
+    return budget, planned_bytes(arch, shapes, K, stream, widest, s)
+
+
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
-                  max_batches: int | None = None, progress: bool = False, distributed: bool | None = None):
+                  max_batches: int | None = None, progress: bool = False, distributed: bool | None = None,
+                  max_memory: int | None = None):
     """The BarrierResult of the linear path from checkpoint `path_a` to `path_b` (B moved by `align`, in its
     space; else `space`), streamed. Lambdas as `lf.barrier` takes them: a count, values, or "adaptive"
     (`Adaptive`), where every round is a pass over both checkpoints (read and aligned again): worth it when
@@ -151,7 +213,12 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     total_tokens = sum(x.numel() for x, _ in batches)
     if shard is not None:
         batches = batches[shard[0]::shard[1]]
-    sweep = _Pass(a, b, spec, align, dtype, batches, shard)
+    from ..stream.pieces import Blocks
+
+    K = adaptive.start if adaptive is not None else len(set(lams) | {0.0, 1.0})
+    shapes = Blocks([a, b], spec, dtype).shapes
+    budget, planned = plan_groups(spec.arch, shapes, K, batches, dtype, max_memory)
+    sweep = _Pass(a, b, spec, align, dtype, batches, shard, budget, _tokens(spec.arch, shapes))
     if adaptive is not None:  # a coarse grid, then one point a round at the peak (sweep/adaptive.py)
         by_lam, info = adaptive_points(sweep, adaptive)
         res = barrier_result(sorted(by_lam), by_lam, spec.space, "streamed", time.perf_counter() - t0)
@@ -161,7 +228,7 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
                              time.perf_counter() - t0)
     res.streamed = {"bytes_read": sweep.bytes_read, "tokens": total_tokens, "passes": sweep.passes,
                     "lambdas": sweep.evaluated, "groups": sweep.groups,  # this rank's: how often a layer is mixed
-                    "ranks": 1 if shard is None else shard[1], "seconds": sweep.clock,
+                    "ranks": 1 if shard is None else shard[1], "seconds": sweep.clock, "planned_bytes": planned,
                     # the share of B's elements this rank moved by the alignment (the others' came broadcast)
                     "aligned_here": sweep.aligned_share()}
     return res
@@ -173,9 +240,9 @@ class _Pass:
     costs whatever K is (reading, the canonical form, the alignment's action) against what the K mixtures cost
     (mixing, the forward), which says what more lambdas, or more passes, cost."""
 
-    def __init__(self, a, b, spec, align, dtype, batches: list, shard):
+    def __init__(self, a, b, spec, align, dtype, batches: list, shard, budget: int, tokens):
         self.cks, self.spec, self.align, self.dtype, self.shard = [a, b], spec, align, dtype, shard
-        self.batches = batches
+        self.batches, self.budget, self.tokens = batches, budget, tokens  # a group's tokens at most (plan_groups)
         self.bytes_read, self.passes, self.evaluated, self.groups = 0, 0, 0, 0
         self.clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
         self._load = [0] * (1 if shard is None else shard[1])  # elements each rank has moved (_owners)
@@ -223,8 +290,9 @@ class _Pass:
         from ..stream.pieces import Blocks
 
         arch, dtype, clock = self.spec.arch, self.dtype, self.clock
-        # the activations of K mixtures of a group in one pass: the fused engine's per-pass token budget
-        batches = grouped(self.batches, max(1, MAX_TOKENS["cpu"] // len(lams)))
+        # the activations of K mixtures of a group in one pass, within the planned budget (at most the fused
+        # engine's pass; a round of adaptive lambdas has fewer mixtures than the plan's K)
+        batches = grouped(self.batches, self.budget, self.tokens)
         blocks = Blocks(self.cks, self.spec, dtype)
         weights = torch.tensor([[1.0 - l, l] for l in lams], dtype=torch.float64)
         t = time.perf_counter()
