@@ -130,12 +130,9 @@ def _tokens(arch, shapes: dict):
     return (lambda x: x.shape[0] * rows) if rows else (lambda x: x.numel())
 
 
-def planned_bytes(arch, shapes: dict, K: int, stream_tokens: int, group_tokens: int, itemsize: int) -> int:
-    """The streamed barrier's peak above its start, planned before anything is read: both models' parameters
-    around the layers, the largest layer of both with B's moved copy beside it, the mixing buffer, the stream
-    carried through (K mixtures of every token of this rank), one group's transients (q, k, v, o and the MLP's
-    three products per mixture and token) and one mixture's logits twice (log-softmax). At Mistral-7B shapes
-    (K = 11, 512 tokens a rank) it plans 5.5 GB; the bench measured 5.2 GB above the start (5.9 GB in all)."""
+def _plan_terms(arch, shapes: dict, K: int, stream_tokens: int, itemsize: int) -> tuple[int, int, int]:
+    """(bytes while the parameters around the layers are read, bytes of the layer phase without a group, bytes
+    per token of a group): the planned peak is max(first, fixed + per_token * group tokens) (planned_bytes)."""
     numel = lambda shape: int(torch.Size(shape).numel())  # noqa: E731
     outer = sum(numel(sh) for n, sh in shapes.items() if not n.startswith("blocks."))
     layers: dict = {}
@@ -150,36 +147,42 @@ def planned_bytes(arch, shapes: dict, K: int, stream_tokens: int, group_tokens: 
     table = numel(shapes["tok_embed.weight"]) if arch.inputs == "tokens" and head is not None else 0
     first = (2 * outer + table) * itemsize
     stream = K * stream_tokens * arch.d_model * itemsize
-    group = K * group_tokens * (3 * arch.d_mlp + 4 * arch.d_model) * itemsize + 2 * group_tokens * out_width * itemsize
-    return max(first, (2 * (outer - table) + 3 * layer) * itemsize + MIX_BYTES + stream + group)
+    fixed = (2 * (outer - table) + 3 * layer) * itemsize + MIX_BYTES + stream
+    per_token = (K * (3 * arch.d_mlp + 4 * arch.d_model) + 2 * out_width) * itemsize
+    return first, fixed, per_token
 
 
-def plan_groups(arch, shapes: dict, K: int, batches: list, dtype, max_memory: int | None) -> tuple[int, int]:
-    """(tokens a group of batches may hold, the planned peak bytes): the fused engine's pass size
-    (MAX_TOKENS["cpu"] // K) when it fits in `max_memory` (else the machine's available memory), else as many
-    as fit; refused in one line, before anything is read, when even one batch at a time does not fit."""
+def planned_bytes(arch, shapes: dict, K: int, stream_tokens: int, group_tokens: int, itemsize: int) -> int:
+    """The streamed barrier's peak above its start, planned before anything is read: both models' parameters
+    around the layers, the largest layer of both with B's moved copy beside it, the mixing buffer, the stream
+    carried through (K mixtures of every token of this rank), one group's transients (q, k, v, o and the MLP's
+    three products per mixture and token) and one mixture's logits twice (log-softmax). At Mistral-7B shapes
+    (K = 11, 512 tokens a rank) it plans 5.5 GB; the bench measured 5.2 GB above the start (5.9 GB in all)."""
+    first, fixed, per_token = _plan_terms(arch, shapes, K, stream_tokens, itemsize)
+    return max(first, fixed + per_token * group_tokens)
+
+
+def plan_groups(arch, shapes: dict, K: int, batches: list, dtype, max_memory: int | None) -> tuple[list, int]:
+    """(the batches grouped, the planned peak bytes): groups of up to the fused engine's pass size
+    (MAX_TOKENS["cpu"] // K tokens) when they fit in `max_memory` (else the machine's available memory), else
+    as large as fit; refused in one line, before anything is read, when even one batch at a time does not fit."""
     from .checks import format_gb, memory_limit
 
     tokens = _tokens(arch, shapes)
-    stream = sum(tokens(x) for x, _ in batches if torch.is_tensor(x))
-    largest = max((tokens(x) for x, _ in batches if torch.is_tensor(x)), default=0)
-    budget = max(1, MAX_TOKENS["cpu"] // K)
+    sizes = [tokens(x) for x, _ in batches if torch.is_tensor(x)]
+    first, fixed, per_token = _plan_terms(arch, shapes, K, sum(sizes), dtype.itemsize)
     free = memory_limit("cpu", max_memory)
-    s = dtype.itemsize
-    widest = max((tokens(x) for x, _ in grouped(batches, budget, tokens) if torch.is_tensor(x)), default=0)
-    planned = planned_bytes(arch, shapes, K, stream, widest, s)
-    if free is None or planned <= free:
-        return budget, planned
-    need = planned_bytes(arch, shapes, K, stream, largest, s)
-    if need > free:
-        raise ValueError(f"streamed sweep needs about {format_gb(need)} ({K} mixtures of {stream} tokens carried "
-                         f"through, {str(dtype).replace('torch.', '')}) but only {format_gb(free)} is available; "
-                         "use fewer or smaller batches (or more ranks) or fewer lambdas")
-    per_token = planned_bytes(arch, shapes, K, stream, 1, s) - planned_bytes(arch, shapes, K, stream, 0, s)
-    fixed = planned_bytes(arch, shapes, K, stream, 0, s)
-    budget = max(largest, int((free - fixed) // per_token))
-    widest = max((tokens(x) for x, _ in grouped(batches, budget, tokens) if torch.is_tensor(x)), default=0)
-    return budget, planned_bytes(arch, shapes, K, stream, widest, s)
+    budget = max(1, MAX_TOKENS["cpu"] // K)
+    if free is not None and max(first, fixed + per_token * max(budget, max(sizes, default=0))) > free:
+        need = max(first, fixed + per_token * max(sizes, default=0))
+        if need > free:
+            raise ValueError(f"streamed sweep needs about {format_gb(need)} ({K} mixtures of {sum(sizes)} tokens "
+                             f"carried through, {str(dtype).replace('torch.', '')}) but only {format_gb(free)} is "
+                             "available; use fewer or smaller batches (or more ranks) or fewer lambdas")
+        budget = min(budget, (free - fixed) // per_token)
+    groups = grouped(batches, budget, tokens)
+    widest = max((tokens(x) for x, _ in groups if torch.is_tensor(x)), default=0)
+    return groups, max(first, fixed + per_token * widest)
 
 
 def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = "canonical", dtype=torch.float32,
@@ -197,6 +200,7 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     from ..models.adapters import check_compatible
     from ..stream.checkpoint import StreamedCheckpoint
     from ..stream.forward import collect_batches
+    from ..stream.pieces import Blocks
 
     t0 = time.perf_counter()
     adaptive = as_adaptive(lambdas)
@@ -213,12 +217,10 @@ def barrier_paths(path_a, path_b, data, lambdas=11, *, align=None, space: str = 
     total_tokens = sum(x.numel() for x, _ in batches)
     if shard is not None:
         batches = batches[shard[0]::shard[1]]
-    from ..stream.pieces import Blocks
-
     K = adaptive.start if adaptive is not None else len(set(lams) | {0.0, 1.0})
-    shapes = Blocks([a, b], spec, dtype).shapes
-    budget, planned = plan_groups(spec.arch, shapes, K, batches, dtype, max_memory)
-    sweep = _Pass(a, b, spec, align, dtype, batches, shard, budget, _tokens(spec.arch, shapes))
+    # the groups carried together, planned once (a round of adaptive lambdas has fewer mixtures than K)
+    groups, planned = plan_groups(spec.arch, Blocks([a, b], spec, dtype).shapes, K, batches, dtype, max_memory)
+    sweep = _Pass(a, b, spec, align, dtype, groups, shard)
     if adaptive is not None:  # a coarse grid, then one point a round at the peak (sweep/adaptive.py)
         by_lam, info = adaptive_points(sweep, adaptive)
         res = barrier_result(sorted(by_lam), by_lam, spec.space, "streamed", time.perf_counter() - t0)
@@ -240,9 +242,9 @@ class _Pass:
     costs whatever K is (reading, the canonical form, the alignment's action) against what the K mixtures cost
     (mixing, the forward), which says what more lambdas, or more passes, cost."""
 
-    def __init__(self, a, b, spec, align, dtype, batches: list, shard, budget: int, tokens):
+    def __init__(self, a, b, spec, align, dtype, batches: list, shard):
         self.cks, self.spec, self.align, self.dtype, self.shard = [a, b], spec, align, dtype, shard
-        self.batches, self.budget, self.tokens = batches, budget, tokens  # a group's tokens at most (plan_groups)
+        self.batches = batches  # this rank's batch groups (plan_groups)
         self.bytes_read, self.passes, self.evaluated, self.groups = 0, 0, 0, 0
         self.clock = {"read_and_align": 0.0, "layers": 0.0, "head": 0.0}
         self._load = [0] * (1 if shard is None else shard[1])  # elements each rank has moved (_owners)
@@ -290,9 +292,7 @@ class _Pass:
         from ..stream.pieces import Blocks
 
         arch, dtype, clock = self.spec.arch, self.dtype, self.clock
-        # the activations of K mixtures of a group in one pass, within the planned budget (at most the fused
-        # engine's pass; a round of adaptive lambdas has fewer mixtures than the plan's K)
-        batches = grouped(self.batches, self.budget, self.tokens)
+        batches = self.batches
         blocks = Blocks(self.cks, self.spec, dtype)
         weights = torch.tensor([[1.0 - l, l] for l in lams], dtype=torch.float64)
         t = time.perf_counter()
