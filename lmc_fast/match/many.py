@@ -1,6 +1,7 @@
 """Aligning several models: all to one reference, or MergeMany ("each to the mean of the others")."""
 from __future__ import annotations
 
+import os
 import random
 
 import torch
@@ -37,6 +38,10 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     """
     if len(models) < 2:
         raise ValueError("merge_many needs at least two models")
+    if any(isinstance(m, (str, os.PathLike)) for m in models):  # not streamed yet: say where paths go
+        raise ValueError("merge_many takes models in memory; for checkpoint folders align each to the first with "
+                         "lf.align(path_0, path_i) and write the merge with lmc_fast.stream.paths.merge_paths "
+                         "(or `lmc-fast merge --stream`)")
     if mode not in ("mean", "reference"):
         raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
     entry = method_entry(method)
