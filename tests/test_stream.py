@@ -275,13 +275,6 @@ def test_streamed_barrier_plans_its_groups_within_max_memory(tmp_path):
         lf.barrier(pa, pb, data, lambdas=5, dtype=torch.float64, align=al, max_memory=fits_one - 1)
 
 
-def test_merge_many_of_checkpoint_paths_says_where_paths_go(tmp_path):
-    """lf.merge_many is not streamed: paths get one line naming the streamed route, not a model-type error."""
-    (_, _), (pa, pb) = _saved(tmp_path, "llama")
-    with pytest.raises(ValueError, match="merge_many takes models in memory; .*merge_paths"):
-        lf.merge_many([pa, pb])
-
-
 def test_streamed_barrier_carries_neighbouring_batches_of_one_shape_as_one():
     """sweep/streamed.grouped: a layer is mixed once per group, so neighbours of one shape are concatenated
     (order kept) while the group stays within the budget; another shape, or a batch over the budget, starts a

@@ -72,3 +72,51 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
             assert r2["barrier"][key] == pytest.approx(r1["barrier"][key], rel=1e-9, abs=1e-12), key
         assert r2["barrier"]["streamed"]["ranks"] == 2 and r1["barrier"]["streamed"]["aligned_here"] == 1.0
         assert 0.35 < r2["barrier"]["streamed"]["aligned_here"] < 0.65  # each rank moved about half of B
+
+
+MERGE_SCRIPT = r"""
+import sys
+import torch
+import lmc_fast as lf
+torch.set_num_threads(1)
+out, mode, *paths = sys.argv[1:]
+two = mode == "two"
+folders, als = lf.merge_many(paths, "weight", rounds=1, out=f"{out}-models", return_alignments=True,
+                             distributed=True if two else None)
+rank = torch.distributed.get_rank() if two else 0
+for i, al in enumerate(als):
+    al.save(f"{out}.{rank}.{i}.safetensors")
+"""
+
+
+def test_streamed_merge_many_on_two_gloo_ranks_equals_one_process(tmp_path):
+    """MergeMany's mean mode under torchrun: each rank solves its layers of every re-alignment; every rank
+    returns the one-process alignments, and rank 0 alone writes the same aligned copies."""
+    from lmc_fast.io import load_model, save_model
+    from lmc_fast.models.adapters import standard_params
+    from lmc_fast.symmetry import Alignment
+    from zoo import make_model
+
+    paths = [tmp_path / f"m{s}" for s in range(3)]
+    for s, p in enumerate(paths):
+        save_model(make_model("llama", s, n_layer=3), p)
+    script = tmp_path / "merge.py"
+    script.write_text(MERGE_SCRIPT)
+    subprocess.run([sys.executable, str(script), tmp_path / "one", "one", *paths], env=_env(), check=True,
+                   timeout=300)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), tmp_path / "two", "two", *paths], env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for i in range(3):
+        one = Alignment.load(tmp_path / f"one.0.{i}.safetensors")
+        for rank in range(2):
+            two = Alignment.load(tmp_path / f"two.{rank}.{i}.safetensors")
+            for name, el in one.elements.items():
+                for key, t in el.items():
+                    u = two.elements[name][key]
+                    assert (torch.allclose(t, u, atol=1e-10) if t.is_floating_point() else torch.equal(t, u)), \
+                        (i, name, key)
+        _, want = standard_params(load_model(tmp_path / "one-models" / f"aligned_{i}"))
+        _, got = standard_params(load_model(tmp_path / "two-models" / f"aligned_{i}"))
+        assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-10

@@ -107,3 +107,56 @@ def test_streamed_merge_and_apply_hold_a_few_layers_not_the_model(tmp_path):
     merge, apply = _peak("merge", pa, pb, WRITE_PROBE)["peak"], _peak("apply", pa, pb, WRITE_PROBE)["peak"]
     assert merge < 6 * layer, (merge / layer, "layers")
     assert apply < 4.5 * layer, (apply / layer, "layers")
+
+
+MEAN_PROBE = r"""
+import json, sys, tempfile
+from pathlib import Path
+from lmc_fast.match.weight import match_pieces
+from lmc_fast.stream.checkpoint import StreamedCheckpoint
+from lmc_fast.stream.generate import llama_on_meta, write_random
+from lmc_fast.stream.pieces import MeanOfOthers
+from lmc_fast.symmetry import Alignment, canonical_spec
+paths = sys.argv[1:]
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+def sweep(paths):
+    cks = [StreamedCheckpoint(p) for p in paths]
+    spec = canonical_spec(cks[0].arch)
+    elements = [Alignment.random(spec, seed=i).elements for i in range(len(cks))]
+    match_pieces(spec, MeanOfOthers(cks, spec, 1, elements), max_iter=1, polish_iter=0)
+
+d = Path(tempfile.mkdtemp())
+small = llama_on_meta("llama-tiny", hidden_size=64, intermediate_size=128, vocab_size=64, num_hidden_layers=1)
+sweep([write_random(d / f"w{i}", small, i) for i in range(3)])  # every library loaded once, little heap kept
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+rss = status("VmRSS:")
+sweep(paths)
+print(json.dumps({"peak": status("VmHWM:") - rss}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_streamed_merge_many_sweep_holds_a_few_layers_not_the_models(tmp_path):
+    """MergeMany's re-alignment streamed (MeanOfOthers): the models' blocks are read one after another, each
+    added to the mean and dropped, so a sweep over three 8-layer checkpoints holds what a pair's sweep holds
+    (about 10 float64 layers measured, 9.7 for a pair; 13 when every model's block stayed until the next
+    read), not the 24 of the three models."""
+    shape = dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
+                 vocab_size=256, num_hidden_layers=8)
+    from lmc_fast.stream.generate import llama_on_meta, write_random
+
+    model = llama_on_meta("llama-tiny", **shape)
+    paths = [str(write_random(tmp_path / f"m{i}", model, i)) for i in range(3)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", MEAN_PROBE, *paths], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    d, f = shape["hidden_size"], shape["intermediate_size"]
+    layer = 8 * (4 * d * d + 3 * d * f + 2 * d)  # one layer in float64
+    assert peak < 11.5 * layer, (peak / layer, "layers")

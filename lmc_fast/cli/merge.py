@@ -26,9 +26,12 @@ def register(subparsers, parents):
     m.add_argument("--eval-batches", type=positive_int, default=None,
                    help="evaluate on at most N test batches (default: all)")
     m.add_argument("--stream", action="store_true",
-                   help="weight / permutation matching, --mode reference: stream the checkpoints a layer at a time "
-                        "and write aligned_<i>/ and merged/ shard by shard (models of any size; no evaluation, "
-                        "no simplex sweep)")
+                   help="weight / permutation / activation matching: stream the checkpoints a layer at a time and "
+                        "write aligned_<i>/ and merged/ shard by shard (models of any size; the same alignments; no "
+                        "evaluation, no simplex sweep)")
+    m.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="--stream: solve in this dtype (float32 for large models; the elements are snapped to exact "
+                        "group elements in float64)")
     m.add_argument("--out", required=True,
                    help="output folder; merge writes only aligned_<i>/, alignment_<i>.safetensors, merged/, "
                         "merge.json and simplex.png in it")
@@ -61,6 +64,8 @@ def run(args, con: Console) -> int:
     outputs.check()
     if args.stream:
         return _run_streamed(args, con, entries, outputs)
+    if args.dtype != "float64":
+        raise CLIError("--dtype is an option of --stream (models in memory are aligned in float64)")
 
     models = [load(p, args.device) for p in args.models]
     needs_data = args.method in DATA_METHODS
@@ -114,38 +119,48 @@ def run(args, con: Console) -> int:
 
 
 def _run_streamed(args, con: Console, entries: dict, outputs: Outputs) -> int:
-    """merge --stream: each model aligned to the first from the checkpoints, outputs written shard by shard."""
+    """merge --stream: the alignments of lf.merge_many on the checkpoint paths, outputs written shard by shard."""
+    import torch
+
     import lmc_fast as lf
 
     from ..io import write_json
     from ..match.methods import method as method_entry
     from ..stream.paths import apply_to_path, merge_paths
-    from ..symmetry import Alignment
+    from .align import _meta_model
 
     entry = method_entry(args.method)
     if entry.stream is None:
-        raise CLIError(f"--stream takes --method weight or permutation, not {args.method}")
-    if (args.mode or "reference") != "reference":
-        raise CLIError("--stream aligns every model to the first: it takes --mode reference, not mean")
-    if args.data:
+        raise CLIError(f"--stream takes --method weight, permutation or activation, not {args.method}")
+    needs_data = args.method in DATA_METHODS
+    mode = args.mode or ("reference" if needs_data else "mean")
+    if mode == "mean" and needs_data:
+        raise CLIError(f"--mode mean needs a data-free method (weight or permutation), not {args.method}")
+    if args.data and not needs_data:
         raise CLIError("--stream does not evaluate: drop --data (sweep the merged folder with lmc-fast sweep)")
+    kw = {"dtype": getattr(torch, args.dtype)}
+    data_spec = None
+    if needs_data:  # the checkpoints' meta-device models (class, config, metadata) pick the data
+        data_spec, train_ds, _ = model_data(args, [_meta_model(p) for p in args.models], args.models)
+        kw["data"] = batches(train_ds, args.batch_size or 64, True, args.max_batches, "cpu")
     n = len(args.models)
-    con.log(f"aligning {n} models ({args.method} matching, mode reference, streamed)")
+    con.log(f"aligning {n} models ({args.method} matching, mode {mode}, streamed)")
     t0 = time.perf_counter()
-    alignments = [lf.align(args.models[0], p, args.method, seed=args.seed, progress=not args.quiet)
-                  for p in args.models[1:]]
-    identity = Alignment.identity(alignments[0].spec)
+    alignments = lf.merge_many(list(args.models), args.method, mode=mode, rounds=args.rounds, seed=args.seed,
+                               progress=not args.quiet, **kw)
     align_seconds = time.perf_counter() - t0
     with outputs.all_or_nothing():  # as the in-memory merge: every output or none
-        for i, (path, al) in enumerate(zip(args.models, [identity, *alignments])):
+        for i, (path, al) in enumerate(zip(args.models, alignments)):
             apply_to_path(al, path, entries["aligned"][i])
             al.save(entries["alignments"][i])
-        merge_paths(args.models, entries["merged"], [None, *alignments])
+        merge_paths(args.models, entries["merged"], alignments)
         write_json(entries["json"], {"kind": "merge", "models": list(args.models), "method": args.method,
-                                     "mode": "reference", "space": identity.spec.space, "streamed": True,
+                                     "mode": mode, "space": alignments[0].spec.space, "streamed": True,
+                                     "dtype": args.dtype, "data": data_spec,
+                                     "rounds": alignments[-1].info.get("merge_rounds"),
                                      "align_seconds": align_seconds, "seconds": time.perf_counter() - t0,
                                      "date": now()})
-    con.out(f"merged {n} models ({args.method}, reference, streamed) in {time.perf_counter() - t0:.1f} s "
+    con.out(f"merged {n} models ({args.method}, {mode}, streamed) in {time.perf_counter() - t0:.1f} s "
             f"-> {entries['merged']}")
     return 0
 

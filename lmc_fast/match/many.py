@@ -4,44 +4,43 @@ from __future__ import annotations
 import os
 import random
 
-import torch
-
 from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_all
 from ..symmetry import Alignment
+from ..symmetry.elements import elements_equal
 from .align import align
 from .methods import PARAMETER_METHODS, method as method_entry
 from .options import check_option
 from .pair import params_pair
 
 
-def _same(spec, e1: dict, e2: dict, atol: float = 1e-9) -> bool:
-    for name in spec.groups:
-        for key, t in e1[name].items():
-            u = e2[name][key]
-            if t.dtype == torch.int64:
-                if not torch.equal(t, u):
-                    return False
-            elif (t - u).abs().max() > atol:
-                return False
-    return True
-
-
 def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: int = 10, data=None, seed: int = 0,
-               return_alignments: bool = False, progress: bool = False):
+               return_alignments: bool = False, progress: bool = False, dtype=None, out=None,
+               distributed: bool | None = None):
     """Aligned copies of `models` (the first is the reference), ready for `interpolate` / `simplex`.
 
     mode="reference": align each model to models[0]. mode="mean" (MergeMany, data-free methods
     only): start there, then repeatedly re-align each model to the mean of the others until no
     element changes or `rounds` is reached. Models whose MLPs are narrower than the widest are
     zero-padded to it first (the returned copies all have the widest MLP).
+
+    `models` may be checkpoint paths (our folders and files, Hugging Face folders; methods "weight",
+    "permutation" and, in mode "reference", "activation"): they are then streamed a block at a time and never
+    held whole (match/many_streamed.py), the same alignments as in memory, solved in `dtype` (default float64;
+    float32 for large models). Nothing is loaded, so the alignments are returned (alignments[i] maps model i
+    onto the first, or onto the common mean); with `out`, model i aligned is written to out/aligned_<i> in
+    its format and dtype and those folders are returned (with the alignments if `return_alignments`). The
+    merge itself: `lmc_fast.stream.merge_paths(paths, folder, alignments)`. Under torchrun
+    (`distributed`) weight and permutation matching split the layers across ranks; call it on every rank.
     """
     if len(models) < 2:
         raise ValueError("merge_many needs at least two models")
-    if any(isinstance(m, (str, os.PathLike)) for m in models):  # not streamed yet: say where paths go
-        raise ValueError("merge_many takes models in memory; for checkpoint folders align each to the first with "
-                         "lf.align(path_0, path_i) and write the merge with lmc_fast.stream.paths.merge_paths "
-                         "(or `lmc-fast merge --stream`)")
+    paths = [isinstance(m, (str, os.PathLike)) for m in models]
+    if any(paths) and not all(paths):
+        raise ValueError("merge_many takes models in memory or checkpoint paths, not both")
+    if not all(paths) and (out is not None or dtype is not None or distributed):
+        raise ValueError("out, dtype and distributed are for checkpoint paths: models in memory are aligned in "
+                         "float64 in one process and returned")
     if mode not in ("mean", "reference"):
         raise ValueError(f"mode must be 'mean' or 'reference', got {mode!r}")
     entry = method_entry(method)
@@ -50,6 +49,12 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
                          f"({' or '.join(map(repr, PARAMETER_METHODS))})")
     check_option("rounds", rounds)
     check_option("seed", seed)
+    if all(paths):
+        from .many_streamed import merge_many_paths
+
+        return merge_many_paths(list(models), entry, mode=mode, rounds=rounds, data=data, seed=seed, dtype=dtype,
+                                out=out, return_alignments=return_alignments, progress=progress,
+                                distributed=distributed)
     for i, m in enumerate(models[1:], start=1):  # any MLP widths: all are padded to the widest
         check_compatible(models[0], m, f"models[{i}]", "models[0]", mlp="any")
     models = widen_all(models)
@@ -75,7 +80,7 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
                 others = [current[j] for j in range(len(models)) if j != i]
                 target = {k: sum(p[k] for p in others) / len(others) for k in others[0]}
                 elements, info = entry.match_params(spec, target, originals[i], seed=seed)
-                if not _same(spec, elements, alignments[i].elements):
+                if not elements_equal(spec, elements, alignments[i].elements):
                     changed = True
                 alignments[i] = Alignment(spec, elements, info)
                 current[i] = alignments[i].apply_params(originals[i])

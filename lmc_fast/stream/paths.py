@@ -22,7 +22,7 @@ from .pieces import Blocks
 from .write import write_checkpoint
 
 
-def _check_output(out, inputs) -> Path:
+def check_output(out, inputs) -> Path:
     """The output is none of the inputs, not inside one and does not hold one: refused before any work."""
     out = Path(out)
     real = Path(os.path.realpath(out))
@@ -56,7 +56,7 @@ def apply_to_path(alignment: Alignment, path_b, out, *, force: bool = False, dty
     same function as B (in the alignment's space: canonical form for weight matching)."""
     alignment.validate()
     b = StreamedCheckpoint(path_b)
-    out = _check_output(out, [path_b])
+    out = check_output(out, [path_b])
     check_same_arch(alignment.spec.arch, b.arch)
     _verified(alignment, b, "fingerprint_b", force)
     blocks = Blocks([b], alignment.spec, _compute_dtype(dtype or b.dtype))
@@ -87,7 +87,7 @@ def merge_paths(paths, out, alignments=None, weights=None, *, force: bool = Fals
     if abs(sum(weights) - 1.0) > 1e-9:
         raise ValueError(f"merge_paths: weights must sum to 1, got {sum(weights)}")
     cks = [StreamedCheckpoint(p) for p in paths]
-    out = _check_output(out, paths)
+    out = check_output(out, paths)
     spaces = {al.spec.space for al in alignments if al is not None}
     if len(spaces) > 1:
         raise ValueError("merge_paths: the alignments act on different spaces (canonical and raw)")
@@ -123,4 +123,4 @@ def merge_paths(paths, out, alignments=None, weights=None, *, force: bool = Fals
     return write_checkpoint(out, cks[0], produce, metadata=meta, dtype=dtype)
 
 
-__all__ = ["apply_to_path", "merge_paths"]
+__all__ = ["apply_to_path", "check_output", "merge_paths"]

@@ -14,6 +14,7 @@ import torch
 from ..match.weight import Piece
 from ..match.weighting import weighted_reference
 from ..symmetry.canonical import canonical_params, coupled_blocks
+from ..symmetry.elements import Transformed
 from ..symmetry.spec import Spec
 from .checkpoint import StreamedCheckpoint
 
@@ -98,32 +99,16 @@ class Blocks:
                 del out
 
 
-class StreamedPair:
-    """Pieces of (A, B) for weight matching, A weighted as `weighting` and the token prior say (and as the
-    anchor start's weighting says, when asked). `lazy`: weight matching moves B's tensors one at a time."""
+class _AcrossRanks:
+    """A streamed source of pieces whose blocks may be split across ranks (`shard`): how its statistics add up
+    (see match/weight.py InMemoryPair): gloo all-reduces, each layer group's element broadcast by its owner."""
 
-    lazy = True
+    lazy = True  # weight matching moves B's tensors one at a time
 
-    def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
-                 weighting: str = "sum", anchor_weighting: str | None = None, prior=None,
-                 row_block_bytes: int | None = None, shard: tuple[int, int] | None = None):
-        self.spec, self.shard = spec, shard
-        self.blocks = Blocks([a, b], spec, dtype, row_block_bytes, shard)
-        self.dtype = dtype
-        self.weighting, self.anchor_weighting, self.prior = weighting, anchor_weighting or weighting, prior
-        self.norms = self._norms() if "sum" != self.weighting or self.anchor_weighting != "sum" else None
+    @property
+    def bytes_read(self) -> int:
+        return self.blocks.bytes_read
 
-    def _norms(self) -> tuple[dict, dict]:
-        """||A_p||, ||B_p|| of the tensors in the spec's space, summed over row blocks (per-tensor weighting).
-        Each rank needs only its own blocks' norms."""
-        sq = ({}, {})
-        for parts, _ in self.blocks():
-            for acc, part in zip(sq, parts):
-                for n, t in part.items():
-                    acc[n] = acc.get(n, 0.0) + float(t.double().pow(2).sum())
-        return tuple({n: math.sqrt(v) for n, v in acc.items()} for acc in sq)
-
-    # ---- across ranks (see match/weight.py InMemoryPair): gloo all-reduces, elements broadcast by owner
     def reduce(self, x):
         if self.shard is None:
             return x
@@ -157,6 +142,30 @@ class StreamedPair:
                 dist.broadcast(t, src=owner)
                 elements[name][key] = t
 
+
+class StreamedPair(_AcrossRanks):
+    """Pieces of (A, B) for weight matching, A weighted as `weighting` and the token prior say (and as the
+    anchor start's weighting says, when asked)."""
+
+    def __init__(self, a: StreamedCheckpoint, b: StreamedCheckpoint, spec: Spec, dtype=torch.float64, *,
+                 weighting: str = "sum", anchor_weighting: str | None = None, prior=None,
+                 row_block_bytes: int | None = None, shard: tuple[int, int] | None = None):
+        self.spec, self.shard = spec, shard
+        self.blocks = Blocks([a, b], spec, dtype, row_block_bytes, shard)
+        self.dtype = dtype
+        self.weighting, self.anchor_weighting, self.prior = weighting, anchor_weighting or weighting, prior
+        self.norms = self._norms() if "sum" != self.weighting or self.anchor_weighting != "sum" else None
+
+    def _norms(self) -> tuple[dict, dict]:
+        """||A_p||, ||B_p|| of the tensors in the spec's space, summed over row blocks (per-tensor weighting).
+        Each rank needs only its own blocks' norms."""
+        sq = ({}, {})
+        for parts, _ in self.blocks():
+            for acc, part in zip(sq, parts):
+                for n, t in part.items():
+                    acc[n] = acc.get(n, 0.0) + float(t.double().pow(2).sum())
+        return tuple({n: math.sqrt(v) for n, v in acc.items()} for acc in sq)
+
     def pieces(self, names=None, anchor: bool = False):
         for (pa, pb), rows in self.blocks(names):
             ref = weighted_reference(pa, pb, self.weighting, self.prior, norms=self.norms, rows=rows)
@@ -164,3 +173,45 @@ class StreamedPair:
                           if anchor else None)
             yield Piece(ref, pb, anchor_ref)
             pa = pb = ref = anchor_ref = None  # dropped before the next block is read
+
+
+class MeanOfOthers(_AcrossRanks):
+    """Pieces of (the mean of the other models, each moved by its current element; model `index`): MergeMany's
+    re-alignment of one model, streamed. The models' blocks are read one model after another, each added to the
+    mean as it is moved and dropped, so a piece holds the mean and model `index`'s block whatever the number of
+    models; summed in the models' order as match/many.py sums them, so the target equals the in-memory one."""
+
+    def __init__(self, cks: list[StreamedCheckpoint], spec: Spec, index: int, elements: list, dtype=torch.float64,
+                 *, row_block_bytes: int | None = None, shard: tuple[int, int] | None = None):
+        self.spec, self.shard, self.dtype = spec, shard, dtype
+        self.blocks = Blocks(cks, spec, dtype, row_block_bytes, shard)  # checks the shapes; the blocks' layout
+        self.each = [Blocks([ck], spec, dtype, row_block_bytes, shard) for ck in cks]
+        self.index, self.elements = index, elements
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(b.bytes_read for b in self.each)
+
+    def pieces(self, names=None, anchor: bool = False):
+        streams = [blocks(names) for blocks in self.each]  # every model's blocks in the same order
+        others = len(streams) - 1
+        while True:
+            target, pb = {}, None
+            for k, stream in enumerate(streams):
+                parts, _ = next(stream, (None, None))
+                if parts is None:
+                    return
+                part = parts.pop()  # the list is ours (see Blocks): the piece goes as it is summed
+                if k == self.index:
+                    pb = part
+                    continue
+                view = Transformed(self.spec, part, self.elements[k])
+                for n in list(part):
+                    t = view[n]
+                    del part[n]
+                    target[n] = target[n] + t if n in target else t  # 0 + t0 + t1 ...: Python's sum, exactly
+                    del t
+                del part, view
+            target = {n: t / others for n, t in target.items()}  # objective "sum": A as it is
+            yield Piece(target, pb, target if anchor else None)
+            pb = target = None

@@ -109,6 +109,19 @@ class Transformed(Mapping):
         return len(self.params)
 
 
+def elements_equal(spec: Spec, e1: dict, e2: dict, atol: float = 1e-9) -> bool:
+    """Every group's element of `e1` equals `e2`'s: permutations exactly, maps to `atol` (MergeMany's stop)."""
+    for name in spec.groups:
+        for key, t in e1[name].items():
+            u = e2[name][key]
+            if t.dtype == torch.int64:
+                if not torch.equal(t, u):
+                    return False
+            elif (t - u).abs().max() > atol:
+                return False
+    return True
+
+
 def compose(group: Group, first: Element, second: Element) -> Element:
     """The element acting as `first` after `second`: (first . second) . theta = first . (second . theta)."""
     return kind_of(group).compose(group, first, second)
