@@ -144,3 +144,27 @@ def test_cli_merge_stream_writes_the_in_memory_merge(tmp_path, capsys):
 
     summary = json.loads((tmp_path / "str" / "merge.json").read_text())
     assert (summary["mode"], summary["streamed"], summary["rounds"]) == ("mean", True, 2)
+
+
+def test_cli_merge_stream_with_activation_matching(tmp_path, capsys):
+    """Data-driven matching streams too (mode reference): the data the checkpoints name, or --data, picks the
+    batches, and the merge equals the in-memory one's."""
+    import transformers
+
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(80)))
+    folders = []
+    for s in range(2):
+        torch.manual_seed(s)
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=256, n_positions=16)
+        folders.append(str(save_model(transformers.GPT2LMHeadModel(cfg), tmp_path / f"hf{s}")))
+    args = ["merge", *folders, "--method", "activation", "--data", f"text:{text}", "--max-batches", "2", "--quiet"]
+    assert main(args + ["--samples", "2", "--eval-batches", "1", "--out", str(tmp_path / "mem")]) == 0
+    assert main(args + ["--stream", "--out", str(tmp_path / "str")]) == 0
+    assert "reference, streamed" in capsys.readouterr().out
+    _, got = standard_params(load_model(tmp_path / "str" / "merged"))
+    _, want = standard_params(load_model(tmp_path / "mem" / "merged"))
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-5  # float32 checkpoints
+    assert main(["merge", *folders, "--method", "activation", "--stream", "--mode", "mean", "--data", f"text:{text}",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "--mode mean needs a data-free method" in capsys.readouterr().err

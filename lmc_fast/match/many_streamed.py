@@ -25,8 +25,7 @@ def merge_many_paths(paths, entry, *, mode: str, rounds: int, data, seed: int, d
     common mean in mode "mean"); with `out`, writes model i aligned to out/aligned_<i> (its format and
     dtype) and returns those folders, or (folders, alignments) with `return_alignments`."""
     from ..stream.checkpoint import StreamedCheckpoint
-    from ..stream.paths import apply_to_path, check_output
-    from ..stream.pieces import MeanOfOthers
+    from ..stream.paths import check_output
     from ..sweep.shard import shard_of
 
     if entry.stream is None:
@@ -55,45 +54,57 @@ def merge_many_paths(paths, entry, *, mode: str, rounds: int, data, seed: int, d
     spec = alignments[1].spec
     alignments[0] = Alignment.identity(spec)
     alignments[0].info.update(streamed=True, fingerprint_b=alignments[1].info.get("fingerprint_a"))
-    done_rounds = 0
-    if mode == "mean":
-        shard = shard_of(distributed)
-        rng = random.Random(seed)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=rounds, desc="merge_many (streamed)")
-        for done_rounds in range(1, rounds + 1):
-            changed = False
-            order = list(range(len(paths)))
-            rng.shuffle(order)
-            for i in order:
-                source = MeanOfOthers(cks, spec, i, [al.elements for al in alignments], dtype, shard=shard)
-                elements, info = match_pieces(spec, source)  # weight_matching's defaults, as in memory
-                changed = changed or not elements_equal(spec, elements, alignments[i].elements)
-                info.update(weighting="sum", token_prior=False, streamed=True, mode="mean", bytes_read=source.reduce(source.bytes_read),
-                            fingerprint_b=alignments[i].info.get("fingerprint_b"))
-                if spec.space == "raw":
-                    info["method"] = "permutation"
-                alignments[i] = solved_alignment(spec, elements, info, dtype)
-            if bar is not None:
-                bar.update(1)
-            if not changed:
-                break
-        if bar is not None:
-            bar.close()
+    done_rounds = _mean_rounds(cks, spec, alignments, rounds, seed, dtype, shard_of(distributed), progress) \
+        if mode == "mean" else 0
     for al in alignments:
         al.info["merge_rounds"] = done_rounds
     if targets is None:
         return alignments
-    _write_aligned(alignments, paths, targets, apply_to_path, distributed)
+    _write_aligned(alignments, paths, targets, distributed)
     return (targets, alignments) if return_alignments else targets
 
 
-def _write_aligned(alignments, paths, targets, apply_to_path, distributed) -> None:
+def _mean_rounds(cks, spec, alignments: list, rounds: int, seed: int, dtype, shard, progress: bool) -> int:
+    """MergeMany in place: each model (in a shuffled order) re-aligned to the mean of the others, as they are
+    now, until no element changes (maps by 1e-9; 1e-5 when solved in float32) or `rounds` is reached."""
+    from ..stream.pieces import MeanOfOthers
+
+    atol = 1e-9 if dtype == torch.float64 else 1e-5
+    rng = random.Random(seed)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rounds, desc="merge_many (streamed)")
+    done = 0
+    for done in range(1, rounds + 1):
+        changed = False
+        order = list(range(len(cks)))
+        rng.shuffle(order)
+        for i in order:
+            source = MeanOfOthers(cks, spec, i, [al.elements for al in alignments], dtype, shard=shard)
+            elements, info = match_pieces(spec, source)  # weight_matching's defaults, as in memory
+            info.update(weighting="sum", token_prior=False, streamed=True, mode="mean",
+                        bytes_read=source.reduce(source.bytes_read),
+                        fingerprint_b=alignments[i].info.get("fingerprint_b"))
+            if spec.space == "raw":
+                info["method"] = "permutation"
+            new = solved_alignment(spec, elements, info, dtype)
+            changed = changed or not elements_equal(spec, new.elements, alignments[i].elements, atol)
+            alignments[i] = new
+        if bar is not None:
+            bar.update(1)
+        if not changed:
+            break
+    if bar is not None:
+        bar.close()
+    return done
+
+
+def _write_aligned(alignments, paths, targets, distributed) -> None:
     """Each aligned copy written atomically (a failure leaves the copies before it whole and no partial
     one); under torchrun rank 0 writes and the others wait for it."""
+    from ..stream.paths import apply_to_path
     from ..sweep.shard import shard_of
 
     shard = shard_of(distributed)
