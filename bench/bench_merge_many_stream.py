@@ -28,24 +28,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, cpu_model  # noqa: E402
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    return 0
+from common import RESULTS, cpu_model, proc_status  # noqa: E402
 
 
 def measured(fn):
     """(result, seconds, bytes the resident set rose above its level at the start)."""
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    start = _status("VmRSS:")
+    start = proc_status("VmRSS:")
     t0 = time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t0, _status("VmHWM:") - start
+    return out, time.perf_counter() - t0, proc_status("VmHWM:") - start
 
 
 def max_difference(mem, streamed) -> tuple[float, bool]:

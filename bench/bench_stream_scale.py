@@ -43,14 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llama_scale import sweep_gflop  # noqa: E402
-from common import RESULTS, cpu_model, matmul_peak  # noqa: E402
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    return 0
+from common import RESULTS, cpu_model, matmul_peak, proc_status  # noqa: E402
 
 
 def phase(record: dict, name: str, fn, save=None):
@@ -59,10 +52,10 @@ def phase(record: dict, name: str, fn, save=None):
 
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
-    rss0 = _status("VmRSS:")
+    rss0 = proc_status("VmRSS:")
     t0 = time.perf_counter()
     out = fn()
-    record[name] = {"seconds": time.perf_counter() - t0, "peak_rss_bytes": _status("VmHWM:"),
+    record[name] = {"seconds": time.perf_counter() - t0, "peak_rss_bytes": proc_status("VmHWM:"),
                     "rss_at_start_bytes": rss0}
     print(f"{name}: {record[name]['seconds']:.1f} s, peak RSS {record[name]['peak_rss_bytes'] / 2**30:.2f} GiB",
           flush=True)

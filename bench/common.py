@@ -15,6 +15,15 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def proc_status(key: str) -> int:
+    """A memory line of /proc/self/status ("VmRSS:", "VmHWM:"), in bytes; 0 where there is none."""
+    path = Path("/proc/self/status")
+    for line in (path.read_text().splitlines() if path.exists() else ()):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def cpu_model() -> str:
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -168,3 +168,16 @@ def test_cli_merge_stream_with_activation_matching(tmp_path, capsys):
     assert main(["merge", *folders, "--method", "activation", "--stream", "--mode", "mean", "--data", f"text:{text}",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--mode mean needs a data-free method" in capsys.readouterr().err
+
+
+def test_merge_rounds_visits_every_model_each_round_until_none_changes():
+    from lmc_fast.match.merge_rounds import merge_rounds
+
+    seen = []
+    assert merge_rounds(4, 10, 0, lambda i: seen.append(i) or len(seen) <= 6) == 3  # round 2 changed two, 3 none
+    assert len(seen) == 12 and all(sorted(seen[k:k + 4]) == [0, 1, 2, 3] for k in (0, 4, 8))
+    assert seen[:4] != seen[4:8] or seen[4:8] != seen[8:]  # shuffled, seeded: the same order for the same seed
+    again = []
+    merge_rounds(4, 10, 0, lambda i: again.append(i) or len(again) <= 6)
+    assert again == seen
+    assert merge_rounds(3, 2, 1, lambda i: True) == 2  # stops at `rounds` while models still change

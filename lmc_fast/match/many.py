@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import random
 
 from ..models.adapters import adapter_for, check_compatible
 from ..models.resize import widen_all
 from ..symmetry import Alignment
 from ..symmetry.elements import elements_equal
 from .align import align
+from .merge_rounds import merge_rounds
 from .methods import PARAMETER_METHODS, method as method_entry
 from .options import check_option
 from .pair import params_pair
@@ -27,9 +27,10 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     `models` may be checkpoint paths (our folders and files, Hugging Face folders; methods "weight",
     "permutation" and, in mode "reference", "activation"): they are then streamed a block at a time and never
     held whole (match/many_streamed.py), the same alignments as in memory, solved in `dtype` (default float64;
-    float32 for large models). Nothing is loaded, so the alignments are returned (alignments[i] maps model i
-    onto the first, or onto the common mean); with `out`, model i aligned is written to out/aligned_<i> in
-    its format and dtype and those folders are returned (with the alignments if `return_alignments`). The
+    float32 for large models, where MergeMany counts a map unchanged within 1e-5). Nothing is loaded, so the
+    alignments are returned (alignments[i] maps model i onto the first, or onto the common mean); with `out`,
+    model i aligned is written to out/aligned_<i> in its format and dtype and those folders are returned
+    (with the alignments if `return_alignments`). The
     merge itself: `lmc_fast.stream.merge_paths(paths, folder, alignments)`. Under torchrun
     (`distributed`) weight and permutation matching split the layers across ranks; call it on every rank.
     """
@@ -64,32 +65,17 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
     originals = [params_pair(models[0], m, spec.space)[2] for m in models]
     alignments[0] = Alignment.identity(spec)
     current = [al.apply_params(p) for al, p in zip(alignments, originals)]
-    done_rounds = 0
-    if mode == "mean":
-        rng = random.Random(seed)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(total=rounds, desc="merge_many")
-        for done_rounds in range(1, rounds + 1):
-            changed = False
-            order = list(range(len(models)))
-            rng.shuffle(order)
-            for i in order:
-                others = [current[j] for j in range(len(models)) if j != i]
-                target = {k: sum(p[k] for p in others) / len(others) for k in others[0]}
-                elements, info = entry.match_params(spec, target, originals[i], seed=seed)
-                if not elements_equal(spec, elements, alignments[i].elements):
-                    changed = True
-                alignments[i] = Alignment(spec, elements, info)
-                current[i] = alignments[i].apply_params(originals[i])
-            if bar is not None:
-                bar.update(1)
-            if not changed:
-                break
-        if bar is not None:
-            bar.close()
+    def realign(i: int) -> bool:  # model i to the mean of the others as they are now
+        others = [current[j] for j in range(len(models)) if j != i]
+        target = {k: sum(p[k] for p in others) / len(others) for k in others[0]}
+        elements, info = entry.match_params(spec, target, originals[i], seed=seed)
+        changed = not elements_equal(spec, elements, alignments[i].elements)
+        alignments[i] = Alignment(spec, elements, info)
+        current[i] = alignments[i].apply_params(originals[i])
+        return changed
+
+    done_rounds = merge_rounds(len(models), rounds, seed, realign, progress) if mode == "mean" else 0
     out = [adapter_for(m).build(m, p) for m, p in zip(models, current)]
     for al in alignments:
         al.info["merge_rounds"] = done_rounds

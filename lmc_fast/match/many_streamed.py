@@ -7,7 +7,6 @@ alignments are the ones match/many.py finds for the same models in memory.
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from ..models.adapters import IncompatibleModelsError, check_compatible
 from ..symmetry import Alignment
 from ..symmetry.elements import elements_equal
+from .merge_rounds import merge_rounds
 from .pair import solved_alignment
 from .weight import match_pieces
 
@@ -65,40 +65,25 @@ def merge_many_paths(paths, entry, *, mode: str, rounds: int, data, seed: int, d
 
 
 def _mean_rounds(cks, spec, alignments: list, rounds: int, seed: int, dtype, shard, progress: bool) -> int:
-    """MergeMany in place: each model (in a shuffled order) re-aligned to the mean of the others, as they are
-    now, until no element changes (maps by 1e-9; 1e-5 when solved in float32) or `rounds` is reached."""
+    """MergeMany in place (match/merge_rounds.py): model i re-aligned to the mean of the others as they are now,
+    streamed (MeanOfOthers); a map counts unchanged within 1e-9 (1e-5 when solved in float32)."""
     from ..stream.pieces import MeanOfOthers
 
     atol = 1e-9 if dtype == torch.float64 else 1e-5
-    rng = random.Random(seed)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=rounds, desc="merge_many (streamed)")
-    done = 0
-    for done in range(1, rounds + 1):
-        changed = False
-        order = list(range(len(cks)))
-        rng.shuffle(order)
-        for i in order:
-            source = MeanOfOthers(cks, spec, i, [al.elements for al in alignments], dtype, shard=shard)
-            elements, info = match_pieces(spec, source)  # weight_matching's defaults, as in memory
-            info.update(weighting="sum", token_prior=False, streamed=True, mode="mean",
-                        bytes_read=source.reduce(source.bytes_read),
-                        fingerprint_b=alignments[i].info.get("fingerprint_b"))
-            if spec.space == "raw":
-                info["method"] = "permutation"
-            new = solved_alignment(spec, elements, info, dtype)
-            changed = changed or not elements_equal(spec, new.elements, alignments[i].elements, atol)
-            alignments[i] = new
-        if bar is not None:
-            bar.update(1)
-        if not changed:
-            break
-    if bar is not None:
-        bar.close()
-    return done
+    def realign(i: int) -> bool:
+        source = MeanOfOthers(cks, spec, i, [al.elements for al in alignments], dtype, shard=shard)
+        elements, info = match_pieces(spec, source)  # weight_matching's defaults, as in memory
+        info.update(weighting="sum", token_prior=False, streamed=True, mode="mean",
+                    bytes_read=source.reduce(source.bytes_read), fingerprint_b=alignments[i].info.get("fingerprint_b"))
+        if spec.space == "raw":
+            info["method"] = "permutation"
+        new = solved_alignment(spec, elements, info, dtype)
+        changed = not elements_equal(spec, new.elements, alignments[i].elements, atol)
+        alignments[i] = new
+        return changed
+
+    return merge_rounds(len(cks), rounds, seed, realign, progress, "merge_many (streamed)")
 
 
 def _write_aligned(alignments, paths, targets, distributed) -> None:
