@@ -114,10 +114,14 @@ def test_float32_solve_gives_exact_group_elements(tmp_path):
     (lambda m, p, t: lf.merge_many(p, out=p[1]), "overlaps the input"),
     (lambda m, p, t: lf.merge_many([p[0], t / "narrow"]), "another MLP width.*pad_mlp"),
     (lambda m, p, t: lf.merge_many(p, mode="medoid"), "mode must be"),
+    (lambda m, p, t: lf.merge_many(p, out=t / "file.txt"), "file.txt exists and is not a folder"),
+    (lambda m, p, t: lf.merge_many(p, dtype=torch.float16), "dtype must be torch.float32 or torch.float64"),
+    (lambda m, p, t: lf.merge_many([p[0], t / "nope"]), "nope: no such file or folder"),
 ])
 def test_bad_streamed_merge_many_is_refused(tmp_path, call, message):
     models, paths = _saved(tmp_path, "llama", n=2)
     save_model(make_model("llama", 5, d_mlp=40), tmp_path / "narrow")
+    (tmp_path / "file.txt").write_text("not a folder")
     before = sorted(p.name for p in tmp_path.rglob("*"))
     with pytest.raises(ValueError, match=message):
         call(models, paths, tmp_path)

@@ -50,6 +50,7 @@ def merge_many(models, method: str = "weight", *, mode: str = "mean", rounds: in
                          f"({' or '.join(map(repr, PARAMETER_METHODS))})")
     check_option("rounds", rounds)
     check_option("seed", seed)
+    check_option("dtype", dtype)
     if all(paths):
         from .many_streamed import merge_many_paths
 

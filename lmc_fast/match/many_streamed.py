@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import OutputError
 from ..models.adapters import IncompatibleModelsError, check_compatible
 from ..symmetry import Alignment
 from ..symmetry.elements import elements_equal
@@ -40,9 +41,11 @@ def merge_many_paths(paths, entry, *, mode: str, rounds: int, data, seed: int, d
             raise IncompatibleModelsError(f"models[{i}] has another MLP width than models[0]: checkpoint paths "
                                           "need equal widths (pad with lmc_fast.models.pad_mlp, or pass the models "
                                           "loaded: merge_many pads them in memory)")
-    targets = [Path(out) / f"aligned_{i}" for i in range(len(paths))] if out is not None else None
-    for target in targets or ():
-        check_output(target, paths)  # before any work: no output overlaps an input
+    targets = None
+    if out is not None:  # before any work: a folder (or none yet) whose entries overlap no input
+        if Path(out).exists() and not Path(out).is_dir():
+            raise OutputError(f"out: {out} exists and is not a folder")
+        targets = [check_output(Path(out) / f"aligned_{i}", paths) for i in range(len(paths))]
     dtype = dtype or torch.float64
     options = {"dtype": dtype, "progress": progress}
     if entry.accepts("seed"):
