@@ -11,7 +11,9 @@ runs, minus building nn.Modules (two 1.1B modules and their parameter copies wou
 Peak memory is the process's high-water mark (VmHWM), against the two models' float32 size; the
 goal is under 3x. `--pair planted` makes B a random group element applied to A and checks that
 it is recovered (permutations exactly); `--pair random` (default) matches independent models.
-Writes bench/results/llama_scale_<preset>_cpu.json.
+`--device cuda`: both models generated, canonicalised and matched on the GPU (peak memory is
+then torch's device high-water mark; the matmul peak is the device's float32 one, TF32 off).
+Writes bench/results/llama_scale_<preset>_<pair>_<dtype>_<cpu|gpu>.json.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, cpu_model, matmul_peak  # noqa: E402
+from common import RESULTS, cpu_model, device_name, matmul_peak  # noqa: E402
 
 PRESETS = {
     "1.1b": dict(n_layer=22, d_model=2048, n_head=32, n_kv_head=4, d_mlp=5632, vocab=32000),
@@ -42,13 +44,13 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def random_params(arch, vocab: int, seed: int, dtype) -> dict:
+def random_params(arch, vocab: int, seed: int, dtype, device="cpu") -> dict:
     """Standard parameters of a LLaMA-family model (no biases), std 0.02 like the usual init,
     norm weights perturbed so the canonical form has work to do."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
 
     def r(*shape, std=0.02):
-        return torch.randn(*shape, generator=g, dtype=dtype).mul_(std)
+        return torch.randn(*shape, generator=g, dtype=dtype, device=device).mul_(std)
 
     d, H, G, dh, f = arch.d_model, arch.n_head, arch.n_kv_head, arch.head_dim, arch.d_mlp
     p = {"tok_embed.weight": r(vocab, d), "ln_f.weight": 1 + r(d, std=0.1), "lm_head.weight": r(vocab, d)}
@@ -85,9 +87,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--pair", choices=("random", "planted"), default="random")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--max-iter", type=int, default=3, help="weight-matching sweeps (each is timed)")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
     shape = PRESETS[args.preset]
     arch = Arch.llama(shape["n_layer"], shape["d_model"], shape["n_head"], shape["d_mlp"], n_kv_head=shape["n_kv_head"])
     spec = canonical_spec(arch)
@@ -95,7 +100,7 @@ def main(argv=None) -> dict:
     phases = {}
 
     t0 = time.perf_counter()
-    raw = random_params(arch, shape["vocab"], 0, torch.float32)
+    raw = random_params(arch, shape["vocab"], 0, torch.float32, device)
     n_params = sum(t.numel() for t in raw.values())
     model_bytes = 4 * n_params  # one model in float32
     phases["init_a_s"] = time.perf_counter() - t0
@@ -107,17 +112,24 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     if args.pair == "planted":
         planted = {n: E.random_element(g, torch.Generator().manual_seed(1), dtype=dtype) for n, g in spec.groups.items()}
+        planted = {n: {k: v.to(device) for k, v in el.items()} for n, el in planted.items()}
         pb = E.apply_spec(spec, pa, planted)
         phases["plant_s"] = time.perf_counter() - t0
     else:
-        raw = random_params(arch, shape["vocab"], 1, torch.float32)
+        raw = random_params(arch, shape["vocab"], 1, torch.float32, device)
         pb = canonical_params(arch, raw, dtype)
         del raw
         phases["canonical_b_s"] = time.perf_counter() - t0
     rss_models = peak_rss_bytes()
 
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        dev_models = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
     elements, info = weight_matching(spec, pa, pb, max_iter=args.max_iter, polish_iter=2)
+    if on_gpu:
+        torch.cuda.synchronize()
     match_s = time.perf_counter() - t0
     rss_peak = peak_rss_bytes()
 
@@ -132,12 +144,12 @@ def main(argv=None) -> dict:
         }
     gflop = sweep_gflop(arch, shape["vocab"])
     sweeps = info["iterations"]
-    peak_gflops = matmul_peak("cpu", dtype, 2048 if args.preset == "1.1b" else 512)
+    peak_gflops = matmul_peak(device, dtype, (8192 if on_gpu else 2048) if args.preset == "1.1b" else 512)
     per_sweep = (match_s - 0.0) / max(sweeps, 1)
     rec = {
         "name": "llama_weight_matching_scale", "preset": args.preset, "shape": shape, "pair": args.pair,
         "dtype": args.dtype, "params_per_model": n_params, "model_fp32_bytes": model_bytes,
-        "machine": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "machine": cpu_model(), "device": device_name(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "loadavg_1min": os.getloadavg()[0], "phases_s": phases, "weight_matching_s": match_s,
         "sweeps": sweeps, "polish_iterations": info["polish_iterations"], "objective": info["objective"],
         "rss_at_start_bytes": rss0, "rss_after_models_bytes": rss_models, "peak_rss_bytes": rss_peak,
@@ -147,7 +159,13 @@ def main(argv=None) -> dict:
         "fraction_of_matmul_peak": gflop * sweeps / match_s / peak_gflops, "recovered": recovered,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out = args.out or RESULTS / f"llama_scale_{args.preset}_{args.pair}_{args.dtype}_cpu.json"
+    if on_gpu:
+        rec.update({"device_bytes_models": dev_models, "device_peak_bytes": torch.cuda.max_memory_allocated(),
+                    "device_peak_over_two_models_fp32": torch.cuda.max_memory_allocated() / (2 * model_bytes),
+                    "tf32": torch.backends.cuda.matmul.allow_tf32})
+    out = args.out or RESULTS / f"llama_scale_{args.preset}_{args.pair}_{args.dtype}_{'gpu' if on_gpu else 'cpu'}.json"
+    if out.is_dir():
+        out = out / f"llama_scale_{args.preset}_{args.pair}_{args.dtype}_{'gpu' if on_gpu else 'cpu'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=2) + "\n")
     print(f"{args.preset} {args.pair} {args.dtype}: {n_params / 1e9:.3f}B params/model, weight matching "

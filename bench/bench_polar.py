@@ -47,6 +47,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for both torch and ours (0 = defaults); 1 = per-core comparison")
+    ap.add_argument("--out", default=None, help="directory for the JSON (default bench/results/)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     if args.threads > 0:
@@ -105,7 +106,7 @@ def main(argv=None):
                            **work, **({"fp64_matmul_peak_gflops": peak64} if work else {}),
                            **({"polar_max_abs_err_vs_fp64": err} if what == "polar" else {})}))
             print_table(recs[-len(kinds):])
-    path = write_results("polar" + (f"_{args.threads}thread" if args.threads > 0 else ""), recs, dev)
+    path = write_results("polar" + (f"_{args.threads}thread" if args.threads > 0 else ""), recs, dev, out=args.out)
     print(f"wrote {path}")
     print_table(recs)
     return 0
