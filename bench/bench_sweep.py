@@ -5,8 +5,9 @@ Variants (all return one metrics dict per lambda; losses are compared to the loo
   loop         the per_point engine: per point mix, build a model, evaluate (baseline)
   fused        the batched engine (fp32, what lf.barrier runs): mixtures stacked along
                K, batched GEMMs, passes of at most --max-tokens tokens (default: per device)
-  kernel       the lerp_kernel engine: the Triton lerp_matmul in every linear
-               layer (CUDA only)
+  kernel_*     the lerp_kernel engine: the Triton lerp_matmul in every linear
+               layer (CUDA only; TF32 and bf16: its IEEE-fp32 mode runs at ~0.02x cuBLAS on an
+               H200, bench_lerp_matmul.py, and is not worth a sweep's time here)
   *_tf32       the same with TF32 tensor-core GEMMs (CUDA only; loss error vs the fp32 loop reported)
   *_bf16       the same in bfloat16 (loss error vs the fp32 loop reported)
 
@@ -111,8 +112,6 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
         "fused": lambda: evaluate_mixtures(arch, params, W, data, opts.replace(kernel=False)),
     }
     if device.type == "cuda":
-        variants["kernel"] = lambda: evaluate_mixtures(arch, params, W, data, opts.replace(kernel=True, max_tokens=None))
-
         def tf32(kernel):
             return evaluate_mixtures(arch, params, W, data, opts.replace(kernel=kernel, tf32=True))
 

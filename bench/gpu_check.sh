@@ -3,6 +3,7 @@
 # CUDA sizes, JSON under $OUT (flat, <= 8 files), a short table last.
 # Every step has its own time limit inside an overall budget (BUDGET_S, default 540 s);
 # a failing step is logged and the script goes on. Usage: OUT=/some/dir bash bench/gpu_check.sh
+# (ONLY="install bench-sweep" runs the named steps alone.)
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -21,6 +22,8 @@ STATUS=()
 
 step() {  # step NAME LIMIT_S CMD...: run with min(LIMIT_S, time left), record the outcome
   local name="$1" limit="$2"; shift 2
+  # ONLY="install bench-sweep ...": a rerun of the named steps alone (what failed last time)
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return; fi
   local left=$(( BUDGET_S - ($(date +%s) - START) ))
   if (( left < 20 )); then echo "== $name: SKIPPED (budget spent)"; STATUS+=("$name: skipped (budget)"); return; fi
   (( limit > left )) && limit=$left

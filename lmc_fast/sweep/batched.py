@@ -20,17 +20,18 @@ from .shard import reduce_sums, sharded
 
 
 def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
-    """{name: (K, ...)} = sum_n weights[k, n] * params_list[n][name], accumulated in float64
-    tensor by tensor (no stacked copy of every model), then cast once."""
-    W = torch.as_tensor(weights, dtype=torch.float64)
+    """{name: (K, ...)} = sum_n weights[k, n] * params_list[n][name], accumulated in float64 on
+    `device` tensor by tensor (no stacked copy of every model), then cast once. The end models
+    may live anywhere (CPU, the GPU, a mix): each tensor meets the weights on `device`."""
+    W = torch.as_tensor(weights, dtype=torch.float64).to(device)
     out = {}
     for name in params_list[0]:
         acc = None
         for n, p in enumerate(params_list):
-            t = p[name].to(torch.float64)
+            t = p[name].to(device=device, dtype=torch.float64)
             term = W[:, n].reshape(-1, *([1] * t.dim())) * t
             acc = term if acc is None else acc + term
-        out[name] = acc.to(device=device, dtype=dtype)
+        out[name] = acc.to(dtype)
     return out
 
 

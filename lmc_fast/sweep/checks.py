@@ -252,11 +252,14 @@ def format_gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.3g} GB"
 
 
-def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int, stacked: bool = True) -> int:
+def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int, stacked: bool = True,
+                      device="cpu") -> int:
     """About the peak bytes of the batched-GEMM engine for K mixtures of N models:
     the K stacked mixed parameter sets (`stacked`; the kernel path stacks none), the float64
     scratch of mixing the largest tensor, the N end models' embedding tables, and the
-    activations of one pass of `max_tokens` tokens (at least one sequence)."""
+    activations of one pass of `max_tokens` tokens (at least one sequence). The attention
+    scores count except on CUDA below float64, where scaled_dot_product_attention's fused
+    kernels (flash / memory-efficient, masks included) keep them on chip."""
     item = torch.empty((), dtype=dtype).element_size()
     n_params = sum(t.numel() for t in params.values())
     largest = max(t.numel() for t in params.values())
@@ -267,7 +270,9 @@ def fused_sweep_bytes(arch, params: dict, K: int, N: int, dtype, max_tokens: int
     logits_per_token = spec.n_out if spec.inputs == "tokens" else -(-spec.n_out // seq)
     # residual, normed input, q, k, v, attention output + MLP hidden (and its activation) +
     # one row of attention scores per head; logits in the run dtype, then float64 metrics
-    per_token = item * (6 * arch.d_model + 2 * arch.d_mlp + arch.n_head * seq) + logits_per_token * (item + 3 * 8)
+    fused_attention = torch.device(device).type == "cuda" and dtype != torch.float64
+    scores = 0 if fused_attention else arch.n_head * seq
+    per_token = item * (6 * arch.d_model + 2 * arch.d_mlp + scores) + logits_per_token * (item + 3 * 8)
     embed = sum(params[k].numel() for k in embedding_names(arch))
     total = N * embed * item + tokens * per_token
     if stacked:
@@ -293,12 +298,12 @@ def plan_mixture_blocks(arch, params: dict, K: int, N: int, dtype, device, max_t
     when they fit in `memory_limit`, else as many as fit beside one pass (their stacked
     parameters grow with the block; the pass and the end models' embeddings do not). Refuses,
     before anything is allocated, only a sweep of which even one mixture does not fit."""
-    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens)
+    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens, device=device)
     free = memory_limit(device, max_memory)
     if free is None or need <= free:
         return K, need
-    fixed = fused_sweep_bytes(arch, params, 0, N, dtype, max_tokens)
-    per_mixture = fused_sweep_bytes(arch, params, 1, N, dtype, max_tokens) - fixed
+    fixed = fused_sweep_bytes(arch, params, 0, N, dtype, max_tokens, device=device)
+    per_mixture = fused_sweep_bytes(arch, params, 1, N, dtype, max_tokens, device=device) - fixed
     block = (free - fixed) // per_mixture
     if block < 1:
         _refuse(fixed + per_mixture, free, 1, N, dtype, max_tokens, "a smaller --max-tokens (even one mixture "
@@ -314,7 +319,7 @@ def _refuse(need: int, free: int, K: int, N: int, dtype, max_tokens: int, advice
 def check_sweep_memory(arch, params: dict, K: int, N: int, dtype, device, max_tokens: int, *,
                        stacked: bool = True, fewer: str = "fewer lambdas", max_memory: int | None = None) -> int:
     """Refuse, before anything is allocated, a fused sweep that would not fit in memory; else its planned bytes."""
-    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens, stacked)
+    need = fused_sweep_bytes(arch, params, K, N, dtype, max_tokens, stacked, device)
     free = memory_limit(device, max_memory)
     if free is not None and need > free:
         _refuse(need, free, K, N, dtype, max_tokens, f"{fewer} or a smaller --max-tokens")
