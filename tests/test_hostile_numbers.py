@@ -326,20 +326,45 @@ def test_sweep_refuses_what_memory_cannot_hold(sweep, monkeypatch):
     monkeypatch.setattr(checks, "available_memory_bytes", lambda device: 10**6)
     models = [tiny("gpt2", s) for s in range(2)]
     arch, params = standard_params(models[0])
-    # too many mixtures are split into blocks that fit: the refusal comes when even one does not
-    from lmc_fast.sweep.batched import MAX_TOKENS
-
-    budget = MAX_TOKENS["cpu"]  # the default pass
+    # too many mixtures are split into blocks that fit: the refusal comes when even one does not,
+    # at the max_tokens the user chose (a default budget shrinks to fit: the next test)
+    budget = 8192
     need = checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, budget)
     message = (rf"sweep needs about {checks.format_gb(need)} \(K=1 mixtures of 2 models, max_tokens={budget}, float32\) "
                rf"but only 0.001 GB is available; use a smaller --max-tokens \(even one mixture does not fit\)")
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=message):
         if sweep == "barrier":
+            lf.barrier(*models, [batch("gpt2")], 25, max_tokens=budget)
+        else:
+            lf.simplex(models, [batch("gpt2")], n=40, max_tokens=budget)
+    assert time.perf_counter() - t0 < 5.0  # refused before any work (generous: CI machines are shared)
+    # the default budget halves until one pass fits; below one sequence's pass it is refused too
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda device: 10**5)
+    with pytest.raises(ValueError, match=r"even one mixture does not fit"):
+        if sweep == "barrier":
             lf.barrier(*models, [batch("gpt2")], 25)
         else:
             lf.simplex(models, [batch("gpt2")], n=40)
-    assert time.perf_counter() - t0 < 5.0  # refused before any work (generous: CI machines are shared)
+
+
+def test_a_default_token_budget_shrinks_to_the_memory_a_user_has(monkeypatch):
+    """With max_tokens left to the device default, a sweep that would not fit at that default runs
+    in smaller passes (the same numbers as the budget chosen by hand), instead of being refused."""
+    from lmc_fast.models.adapters import standard_params
+    from lmc_fast.sweep import checks
+
+    models = [tiny("gpt2", s) for s in range(2)]
+    arch, params = standard_params(models[0])
+    assert checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, 8192) > 10**6
+    by_hand = lf.barrier(*models, [batch("gpt2")], 5, max_tokens=64)
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda device: 10**6)
+    fitted = checks.fitted_token_budget(arch, params, 2, torch.float32, "cpu", 8192)
+    assert 1 <= fitted < 8192 and checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, fitted) <= 10**6
+    assert checks.fused_sweep_bytes(arch, params, 1, 2, torch.float32, 2 * fitted) > 10**6  # the largest that fits
+    shrunk = lf.barrier(*models, [batch("gpt2")], 5)
+    assert shrunk.loss == pytest.approx(by_hand.loss, rel=1e-6)
+    assert checks.fitted_token_budget(arch, params, 2, torch.float32, "cpu", 64, max_memory=10**9) == 64
 
 
 # ---------------------------------------------------------------- progress bars

@@ -426,3 +426,59 @@ def test_learned_matching_on_hugging_face_qwen2():
     assert al.info["steps"] == 4 and any(g.group_size == 4 for g in al.spec.groups.values() if g.kind == "heads")
     x = make_inputs("hf_qwen2", seed=9)
     assert rel_err(logits(al.apply(b), x), logits(b, x)) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_learned_step_synchronises_only_for_the_assignment():
+    """One learned-matching step on the GPU (every polar factor small enough for the CUDA kernel)
+    waits for the device only where the assignment copies its scores to the host solver and the
+    indices back: torch's sync debug mode names every synchronising operation."""
+    import traceback
+    import warnings
+
+    from lmc_fast.match.learned import _mix
+    from lmc_fast.models import functional as Fn
+    from lmc_fast.sweep.metrics import task_loss
+    from lmc_fast.symmetry.elements import identity
+
+    torch.manual_seed(0)
+    cfg = lf.models.ViTConfig(d_model=64, n_head=4, d_mlp=96, n_layer=2)
+    arch, ra = standard_params(lf.models.ViT(cfg))
+    _, rb = standard_params(lf.models.ViT(cfg))
+    spec = canonical_spec(arch)
+    pa, pb = canonical_params(arch, ra), canonical_params(arch, rb)
+    init = {n: identity(g) for n, g in spec.groups.items()}
+    pa, pb = ({k: v.cuda().float() for k, v in p.items()} for p in (pa, pb))
+    lat = Latents(spec, init).cuda()
+    opt = torch.optim.Adam(lat.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 3, 32, 32, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
+    w = torch.tensor([[0.5, 0.5]], device="cuda")
+
+    def step():
+        moved = apply_dense(spec, pb, lat.project()[0])
+        theta = {name: _mix(w, [pa[name], moved[name]]) for name in pa}
+        loss = task_loss(Fn.forward(spec.arch, theta, x)[0], y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()
+    sites = []
+
+    def show(message, *args, **kwargs):
+        if "synchroniz" in str(message):
+            sites.append([f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if "lmc_fast" in f.filename])
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sites, "the assignment's copies should be seen"
+    others = [s for s in sites if not (s and "kernels/assignment.py" in s[-1])]
+    assert not others, others

@@ -149,3 +149,33 @@ def test_lerp_kernel_engine_on_cuda_llama():
     kernel = evaluate_mixtures(arch, params, W, [(x, x)], EvalOptions(device="cuda", kernel=True))
     for r, k in zip(batched, kernel):
         assert k["loss"] == pytest.approx(r["loss"], rel=1e-3)
+
+
+def test_auto_kernel_only_where_the_gemms_run_on_tensor_cores(monkeypatch):
+    """kernel="auto" on CUDA takes the lerp_matmul engine for bf16 / fp16 / TF32 passes, where the
+    H200 measured it faster than mixing + cuBLAS, never for IEEE float32 (0.02x there) or float64;
+    two models only; the environment variable overrides the default either way."""
+    import lmc_fast.kernels.lerp_matmul as lerp_matmul_mod
+    from lmc_fast.sweep import lerp_kernel as LK
+
+    monkeypatch.setattr(lerp_matmul_mod, "triton_available", lambda device: True)
+    monkeypatch.delenv("LMC_FAST_LERP_KERNEL", raising=False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert LK.use_kernel("auto", cuda, 2, torch.bfloat16) and LK.use_kernel("auto", cuda, 2, torch.float16)
+    assert LK.use_kernel("auto", cuda, 2, None, tf32=True) and LK.use_kernel("auto", cuda, 2, torch.float32, True)
+    assert not LK.use_kernel("auto", cuda, 2, None, tf32=False)
+    assert not LK.use_kernel("auto", cuda, 2, torch.float64, tf32=True)
+    assert not LK.use_kernel("auto", cuda, 3, torch.bfloat16) and not LK.use_kernel("auto", cpu, 2, torch.bfloat16)
+    assert not LK.use_kernel(False, cuda, 2, torch.bfloat16)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:  # tf32=None follows torch's global switch
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert LK.use_kernel("auto", cuda, 2)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert not LK.use_kernel("auto", cuda, 2)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    monkeypatch.setenv("LMC_FAST_LERP_KERNEL", "1")
+    assert LK.use_kernel("auto", cuda, 2, None, tf32=False)
+    monkeypatch.setenv("LMC_FAST_LERP_KERNEL", "0")
+    assert not LK.use_kernel("auto", cuda, 2, torch.bfloat16)

@@ -9,9 +9,10 @@ from .polar import svd_small as _svd_small
 from .reference import linear_assignment_reference, polar_reference, svd_small_reference
 
 
-def polar(M):
-    """(B, n, n) -> orthogonal polar factor U V^T of each matrix."""
-    return _polar(M)
+def polar(M, *, check_finite: bool = True):
+    """(B, n, n) -> orthogonal polar factor U V^T of each matrix (`check_finite=False`: no NaN /
+    inf refusal, which is a host sync on CUDA)."""
+    return _polar(M, check_finite=check_finite)
 
 
 def svd_small(M):

@@ -43,7 +43,7 @@ CUDA_MAX_N = 64
 _COMPUTE = (torch.float32, torch.float64)
 
 
-def _check(M: torch.Tensor, fn: str) -> tuple[torch.Tensor, bool]:
+def _check(M: torch.Tensor, fn: str, check_finite: bool = True) -> tuple[torch.Tensor, bool]:
     if not isinstance(M, torch.Tensor):
         raise TypeError(f"{fn}: expected a torch.Tensor, got {type(M).__name__}")
     if M.dim() not in (2, 3):
@@ -52,7 +52,7 @@ def _check(M: torch.Tensor, fn: str) -> tuple[torch.Tensor, bool]:
         raise ValueError(f"{fn}: matrices must be square, got {tuple(M.shape[-2:])}")
     if not M.is_floating_point():
         raise TypeError(f"{fn}: expected a floating-point tensor, got {M.dtype}")
-    if not all_finite(M):
+    if check_finite and not all_finite(M):
         raise ValueError(f"{fn}: input contains NaN or inf")
     squeeze = M.dim() == 2
     return (M.unsqueeze(0) if squeeze else M), squeeze
@@ -126,14 +126,19 @@ def svd_small(M: torch.Tensor):
     return U, S, Vh
 
 
-def polar(M: torch.Tensor) -> torch.Tensor:
+def polar(M: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """(B, n, n) or (n, n) -> orthogonal polar factor U Vh of each matrix (the orthogonal
-    R maximising tr(R^T M)), on M's device and in M's dtype."""
-    Mb, squeeze = _check(M, "polar")
+    R maximising tr(R^T M)), on M's device and in M's dtype. `check_finite=False` skips the
+    NaN / inf refusal, which on CUDA is a host synchronisation: for callers inside a GPU step
+    whose input is their own (a NaN then comes out as NaN, never as a number)."""
+    Mb, squeeze = _check(M, "polar", check_finite)
     if _route(Mb, polar_only=True) == "torch" and Mb.dtype in _COMPUTE:
         P = polar_reference(Mb)
     else:
         P = _dispatch(Mb, False, False, True)[3]
+    if not check_finite:  # the solvers may return numbers for a NaN input: make it NaN, on the device
+        finite = torch.isfinite(Mb).all(-1, keepdim=True).all(-2, keepdim=True)
+        P = torch.where(finite, P, torch.full((), float("nan"), dtype=P.dtype, device=P.device))
     return P[0] if squeeze else P
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..models import functional as Fn
-from .checks import check_batch, plan_mixture_blocks, spec_from_params
+from .checks import check_batch, fitted_token_budget, plan_mixture_blocks, spec_from_params
 from .metrics import MetricSums, task_of
 from .resume import BlockCheckpoint, block_key, check_every, params_fingerprint, run_block
 from .shard import reduce_sums, sharded
@@ -45,7 +45,10 @@ def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
 #: every layer once, and under oversubscription each entry waits. 8k tokens beat or tied the loop in
 #: every condition (ViT 1.09x / 1.12x / 1.28x, GPT-2 1.21x / 1.41x / 1.08x at 1 thread / 2 threads /
 #: 2 passive threads), 32k lost with passive threads (0.89x ViT, 0.95x GPT-2: activations out of cache).
-#: GPUs want large passes; the CUDA figure is a guess until a GPU run measures it.
+#: On an H200 (bench/results/sweep_tokens_gpu.json: paper ViT, 2048 images, K = 25), a sweep took
+#: 1.55 / 0.78 / 0.74 / 0.70 s in TF32 and 0.99 / 0.42 / 0.37 / 0.36 s in bf16 at 32k / 131k / 262k /
+#: 1M tokens a pass: 262k is within 6% of 1M at a quarter of the activations. A default budget that
+#: would not fit in memory (large vocabularies) is halved until one pass does (fitted_token_budget).
 MAX_TOKENS = {"cpu": 8192, "cuda": 262144}
 
 
@@ -99,6 +102,8 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
     budget = token_budget(max_tokens, device)
+    if max_tokens is None:
+        budget = fitted_token_budget(arch, params_list[0], N, dtype, device, budget, max_memory=max_memory)
     block, planned = plan_mixture_blocks(arch, params_list[0], K, N, dtype, device, budget, max_memory=max_memory)
     starts = range(0, K, block)
     if report is not None:

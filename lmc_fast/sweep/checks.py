@@ -292,6 +292,21 @@ def memory_limit(device, max_memory: int | None = None) -> int | None:
     return available_memory_bytes(device) if check_max_memory(max_memory) is None else max_memory
 
 
+def fitted_token_budget(arch, params: dict, N: int, dtype, device, budget: int, *, max_memory: int | None = None,
+                        stacked: bool = True) -> int:
+    """The device's default token budget, halved until one mixture's pass fits in memory (a
+    model with a large vocabulary holds ~1 MB of logits and metrics per token: 262k tokens would
+    not fit on any GPU). Only for a default: a max_tokens the user chose is kept, and refused if
+    it does not fit. At least 1 (a pass then holds one sequence: the plan refuses what still does
+    not fit)."""
+    free = memory_limit(device, max_memory)
+    if free is None:
+        return budget
+    while budget > 1 and fused_sweep_bytes(arch, params, 1, N, dtype, budget, stacked, device) > free:
+        budget //= 2
+    return budget
+
+
 def plan_mixture_blocks(arch, params: dict, K: int, N: int, dtype, device, max_tokens: int, *,
                         max_memory: int | None = None) -> tuple[int, int]:
     """(mixtures per block, planned peak bytes) for the batched engine: all K mixtures at once

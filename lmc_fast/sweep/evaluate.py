@@ -114,7 +114,8 @@ def engine_for(options: EvalOptions, n_models: int) -> str:
             raise ValueError("checkpoint= (resuming a sweep) needs kernel='auto' or False: the lerp_matmul "
                              "engine does not record its progress")
         return "batched"
-    return "lerp_kernel" if use_kernel(options.kernel, device, n_models) else "batched"
+    fast = use_kernel(options.kernel, device, n_models, options.dtype, options.tf32)
+    return "lerp_kernel" if fast else "batched"
 
 
 def evaluate_mixtures(arch, params_list, weights, data, options: EvalOptions = EvalOptions(), *,

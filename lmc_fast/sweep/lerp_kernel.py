@@ -4,7 +4,7 @@ Every linear layer calls the Triton `lerp_matmul`, which forms `(1 - lam_k) W_A 
 tiles inside the GEMM; the small vectors (norm scales and shifts) are mixed directly. Default
 only where the kernel benchmark (bench/bench_lerp_matmul.py, bench/bench_sweep.py on CUDA)
 shows it faster than mixing then calling cuBLAS (the batched engine): `kernel="auto"` follows
-`KERNEL_DEFAULT_ON_CUDA`. `evaluate.evaluate_mixtures` decides, from `EvalOptions.kernel`.
+`KERNEL_DEFAULT_ON_CUDA` for passes on tensor cores (bf16, fp16, TF32), never IEEE float32. `evaluate.evaluate_mixtures` decides, from `EvalOptions.kernel`.
 
 Low precision (any engine): `dtype=torch.bfloat16` casts the mixed parameters and activations
 to bf16 (mixing itself stays float64, metrics are accumulated in float64). This pays off only
@@ -21,15 +21,29 @@ from ..models.adapters import Arch
 from ..models import functional as Fn
 from .batched import accumulate, results, token_budget
 from .metrics import task_of
-from .checks import check_batch, check_sweep_memory, spec_from_params
+from .checks import check_batch, check_sweep_memory, fitted_token_budget, spec_from_params
 from .shard import reduce_sums, sharded
 
-__all__ = ["KERNEL_DEFAULT_ON_CUDA", "bf16_fast_here", "evaluate_lerp_kernel", "lerp_forward", "use_kernel"]
+__all__ = ["KERNEL_DEFAULT_ON_CUDA", "bf16_fast_here", "evaluate_lerp_kernel", "lerp_forward", "on_tensor_cores",
+           "use_kernel"]
 
-#: Whether kernel="auto" uses the Triton lerp_matmul path on CUDA. Off until a CUDA run of
-#: bench/bench_sweep.py shows the kernel path faster than mixing + cuBLAS (no GPU run yet).
-#: LMC_FAST_LERP_KERNEL=1 / =0 overrides it.
-KERNEL_DEFAULT_ON_CUDA = False
+#: Whether kernel="auto" uses the Triton lerp_matmul path on CUDA, for passes on tensor cores
+#: (bf16 / fp16, or float32 with TF32 on). Measured on an H200 (bench/results/sweep_gpu.json,
+#: sweep_tokens_gpu.json, lerp_matmul rows in gpu_logs/): the kernel beat mixing + cuBLAS in every
+#: such sweep, 1.02x to 1.17x (paper ViT and a GPT-2, K = 25); in IEEE float32 the kernel's dots
+#: run at about 0.02x cuBLAS's SGEMM, so a float32 sweep without TF32 keeps the batched engine.
+#: LMC_FAST_LERP_KERNEL=1 / =0 overrides it (=1 then also takes IEEE float32 passes).
+KERNEL_DEFAULT_ON_CUDA = True
+
+
+def on_tensor_cores(dtype, tf32: bool | None) -> bool:
+    """Whether a pass in `dtype` (None: float32) runs its GEMMs on tensor cores: bf16 / fp16, or
+    float32 with TF32 on (`tf32` None: torch's global setting)."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return True
+    if dtype not in (None, torch.float32):
+        return False
+    return bool(torch.backends.cuda.matmul.allow_tf32 if tf32 is None else tf32)
 
 
 def bf16_fast_here(device="cpu") -> bool:
@@ -91,8 +105,9 @@ def lerp_forward(arch: Arch, pa: dict, pb: dict, lam: torch.Tensor, inputs: torc
     return Fn.head(arch, ops, Fn.blocks(arch, ops, h))
 
 
-def use_kernel(kernel, device, n_models: int) -> bool:
-    """Whether `kernel` ("auto" | True | False) picks this engine for a sweep of n_models on `device`."""
+def use_kernel(kernel, device, n_models: int, dtype=None, tf32: bool | None = None) -> bool:
+    """Whether `kernel` ("auto" | True | False) picks this engine for a sweep of n_models on
+    `device`, its passes in `dtype` (None: float32) with `tf32` (None: torch's setting)."""
     device = torch.device(device)
     if kernel in (False, "off", None):
         return False
@@ -106,7 +121,7 @@ def use_kernel(kernel, device, n_models: int) -> bool:
     if kernel != "auto":
         raise ValueError(f"kernel must be 'auto', True or False, got {kernel!r}")
     env = os.environ.get("LMC_FAST_LERP_KERNEL")
-    default = KERNEL_DEFAULT_ON_CUDA if env is None else env not in ("", "0")
+    default = KERNEL_DEFAULT_ON_CUDA and on_tensor_cores(dtype, tf32) if env is None else env not in ("", "0")
     return possible and device.type == "cuda" and default
 
 
@@ -125,8 +140,12 @@ def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch
-    planned = check_sweep_memory(arch, params_list[0], min(K, chunk), N, dtype, device,
-                                 token_budget(max_tokens, device), stacked=False, fewer=fewer, max_memory=max_memory)
+    budget = token_budget(max_tokens, device)
+    if max_tokens is None:
+        budget = fitted_token_budget(arch, params_list[0], N, dtype, device, budget, max_memory=max_memory,
+                                     stacked=False)
+    planned = check_sweep_memory(arch, params_list[0], min(K, chunk), N, dtype, device, budget, stacked=False,
+                                 fewer=fewer, max_memory=max_memory)
     if report is not None:
         report.update(planned_bytes=planned, mixtures_per_block=min(K, chunk), blocks=1)
     spec = input_spec or spec_from_params(arch, params_list[0])

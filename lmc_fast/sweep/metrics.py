@@ -74,13 +74,15 @@ def noise_errors(pred: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 def task_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
               task: str | None = None) -> torch.Tensor:
     """Mean cross-entropy over the kept targets (-100 skipped); the mean squared error for "denoise". A batch
-    with nothing kept gives a zero that still carries the graph (so backward runs) and moves nothing."""
+    with nothing kept gives a zero that still carries the graph (so backward runs) and moves nothing.
+    The sum over the kept targets divided by their count (at least 1): the mean, without asking the
+    device whether anything was kept (on CUDA that question is a host synchronisation per call)."""
     if task == "denoise":
         return noise_errors(logits.float(), targets).mean()
     lg, tg = flat_logits_targets(logits, targets, task)
-    if not (tg != IGNORE_INDEX).any():
-        return lg.float().sum() * 0.0
-    return F.cross_entropy(lg.float(), tg, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    total = F.cross_entropy(lg.float(), tg, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,
+                            reduction="sum")
+    return total / (tg != IGNORE_INDEX).sum().clamp_min(1)
 
 
 def has_kept_targets(logits: torch.Tensor, targets: torch.Tensor, task: str | None = None) -> bool:

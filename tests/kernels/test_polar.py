@@ -261,3 +261,18 @@ def test_cuda_rank_deficient_and_zero():
     assert _orth_err(P) < 1e-10
     tr = torch.einsum("bij,bij->b", P, M)
     assert torch.allclose(tr, torch.linalg.svdvals(M).sum(-1), atol=1e-9)
+
+
+def test_unchecked_polar_turns_a_non_finite_matrix_into_nan_and_leaves_the_rest():
+    """check_finite=False (no host sync on CUDA) must still never return a number for a NaN / inf
+    input: that matrix's factor is NaN, the others are exactly the checked path's."""
+    g = torch.Generator().manual_seed(3)
+    M = torch.randn(5, 12, 12, generator=g, dtype=torch.float64)
+    M[1, 4, 7], M[3, 0, 0] = float("nan"), float("inf")
+    P = K.polar(M, check_finite=False)
+    bad = torch.isnan(P).flatten(1).all(1)
+    assert bad.tolist() == [False, True, False, True, False]
+    keep = torch.tensor([0, 2, 4])
+    assert torch.equal(P[keep], K.polar(M[keep]))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        K.polar(M)

@@ -81,7 +81,8 @@ def newton_schulz_polar(M: torch.Tensor, sigma_max: torch.Tensor, steps: int = N
 def polar_ste(M: torch.Tensor) -> torch.Tensor:
     """Exact polar factor forward, Newton-Schulz gradient backward. (B, n, n) batches."""
     Md = M.detach()
-    exact = kernels.polar(Md)
+    # the latents are the optimiser's own: no finiteness check (a host sync per call on CUDA)
+    exact = kernels.polar(Md, check_finite=Md.device.type != "cuda")
     # Newton-Schulz needs an upper bound on the largest singular value: H = P^T M is
     # symmetric positive semi-definite with the singular values as eigenvalues, so its
     # max row sum bounds them, and is tight for the near-orthogonal latents met here.
