@@ -224,3 +224,14 @@ def test_barrier_and_simplex_take_max_memory_and_keep_their_numbers():
         lf.simplex([a, b], data, n=3, max_tokens=64)["centroid"]["loss"], rel=1e-12)
     with pytest.raises(ValueError, match="even one mixture does not fit"):
         lf.barrier(a, b, data, 6, max_tokens=64, max_memory=1000)
+
+
+def test_default_token_budget_depends_on_device_and_inputs():
+    """The CPU default is 2k tokens a pass for token sequences, 8k for images (bench_sweep_load.py);
+    CUDA has one default; a max_tokens given is kept whatever the inputs."""
+    from lmc_fast.sweep.batched import MAX_TOKENS, MAX_TOKENS_SEQUENCES, token_budget
+
+    assert token_budget(None, "cpu", "tokens") == MAX_TOKENS_SEQUENCES["cpu"] == 2048
+    assert token_budget(None, "cpu", "patches") == token_budget(None, "cpu") == MAX_TOKENS["cpu"] == 8192
+    assert token_budget(None, "cuda", "tokens") == token_budget(None, "cuda", "patches") == MAX_TOKENS["cuda"]
+    assert token_budget(300, "cpu", "tokens") == token_budget(300, "cuda", "patches") == 300

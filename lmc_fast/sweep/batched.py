@@ -50,6 +50,11 @@ def mix_params(params_list, weights: torch.Tensor, dtype, device) -> dict:
 #: 1M tokens a pass: 262k is within 6% of 1M at a quarter of the activations. A default budget that
 #: would not fit in memory (large vocabularies) is halved until one pass does (fitted_token_budget).
 MAX_TOKENS = {"cpu": 8192, "cuda": 262144}
+#: The CPU default for token sequences (language models), where 2k-token passes beat the loop in every
+#: condition measured (GPT-2: 1.16x to 1.37x, 12 conditions over 4 runs, loaded and quiet, 1 and 2
+#: threads, AVX-512 and AVX2) and 8k lost twice (0.92x quiet, 1 thread, AVX2; 0.94x loaded, passive
+#: threads); images keep 8k, which 2k lost to twice (0.91x, 0.99x; ViT, 2 spinning threads).
+MAX_TOKENS_SEQUENCES = {"cpu": 2048}
 
 
 def pass_plan(K: int, B: int, T: int, chunk: int, max_tokens: int) -> tuple[int, int]:
@@ -63,9 +68,12 @@ def pass_plan(K: int, B: int, T: int, chunk: int, max_tokens: int) -> tuple[int,
 
 
 @torch.no_grad()
-def token_budget(max_tokens: int | None, device) -> int:
-    """Tokens a fused pass may hold: `max_tokens`, or the device's default (MAX_TOKENS)."""
-    budget = max_tokens if max_tokens is not None else MAX_TOKENS.get(torch.device(device).type, MAX_TOKENS["cuda"])
+def token_budget(max_tokens: int | None, device, inputs: str | None = None) -> int:
+    """Tokens a fused pass may hold: `max_tokens`, or the device's default for the model's `inputs`
+    ("tokens": MAX_TOKENS_SEQUENCES where it has the device, else MAX_TOKENS)."""
+    kind = torch.device(device).type
+    table = MAX_TOKENS_SEQUENCES if inputs == "tokens" and kind in MAX_TOKENS_SEQUENCES else MAX_TOKENS
+    budget = max_tokens if max_tokens is not None else table.get(kind, MAX_TOKENS["cuda"])
     if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
         raise ValueError(f"max_tokens must be an int >= 1, got {budget!r}")
     return int(budget)
@@ -101,14 +109,14 @@ def evaluate_batched(arch, params_list, weights, data, *, max_batches=None, prog
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = torch.device(device)
-    budget = token_budget(max_tokens, device)
+    spec = input_spec or spec_from_params(arch, params_list[0])
+    budget = token_budget(max_tokens, device, spec.inputs)
     if max_tokens is None:
         budget = fitted_token_budget(arch, params_list[0], N, dtype, device, budget, max_memory=max_memory)
     block, planned = plan_mixture_blocks(arch, params_list[0], K, N, dtype, device, budget, max_memory=max_memory)
     starts = range(0, K, block)
     if report is not None:
         report.update(planned_bytes=planned, mixtures_per_block=min(block, K), blocks=len(starts))
-    spec = input_spec or spec_from_params(arch, params_list[0])
     # the embedding is all the forward needs of the end models themselves
     names = Fn.embedding_names(arch)
     ends = Fn.stack([{k: p[k].to(device=device, dtype=dtype) for k in names} for p in params_list])

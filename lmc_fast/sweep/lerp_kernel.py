@@ -140,7 +140,7 @@ def evaluate_lerp_kernel(arch: Arch, params_list, W: torch.Tensor, data, *, max_
     if not torch.allclose(W.sum(1), torch.ones(K, dtype=torch.float64)) or N != 2:
         raise ValueError("the kernel path needs two models and weights (1 - lam, lam) that sum to one")
     # nothing is stacked here; a pass holds at most `chunk` mixtures of a whole batch
-    budget = token_budget(max_tokens, device)
+    budget = token_budget(max_tokens, device, spec_from_params(arch, params_list[0]).inputs)
     if max_tokens is None:
         budget = fitted_token_budget(arch, params_list[0], N, dtype, device, budget, max_memory=max_memory,
                                      stacked=False)
