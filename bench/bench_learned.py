@@ -97,10 +97,10 @@ def make_step(latent_cls, spec, pa, pb, init, x, y, k, device):
     """One optimisation step of learned matching with `latent_cls`'s projection (a closure)."""
     lat = latent_cls(spec, init).to(device)
     opt = torch.optim.Adam(lat.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)  # on the device: drawing the weights waits for nothing
 
     def step():
-        w = (0.4 + 0.2 * torch.rand(k, generator=gen)).to(device)
+        w = 0.4 + 0.2 * torch.rand(k, generator=gen, device=device)
         w = torch.stack([1 - w, w], 1)
         moved = apply_dense(spec, pb, lat.project()[0])
         theta = {name: _mix(w, [pa[name], moved[name]]) for name in pa}

@@ -134,3 +134,45 @@ def test_plot_calibration_errors_are_one_line(tmp_path, capsys):
     check_error(rc, err, "--out")
     assert not (tmp_path / "c.png").exists()
     assert json.loads((tmp_path / "good.json").read_text())["results"]["w"]["ece"] == [0.1] * 5
+
+
+def test_metric_sums_stay_on_the_device_until_read_and_read_the_same_whenever():
+    """MetricSums.add keeps each batch's sums on the logits' device; reading a field folds them in.
+    The sums equal a plain host computation (targets -100 dropped, bincount bins), and reading
+    them after every batch or only at the end gives the same bits."""
+    import torch.nn.functional as F
+
+    from lmc_fast.sweep.metrics import ECE_BINS, MetricSums
+
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(5):
+        lg, tg = torch.randn(9, 7, 11, generator=g) * 3, torch.randint(0, 11, (9, 7), generator=g)
+        tg[torch.rand(9, 7, generator=g) < 0.3] = -100
+        batches.append((lg, tg))
+    late, early = MetricSums(is_lm=True, task="masked_token"), MetricSums(is_lm=True, task="masked_token")
+    loss, correct, n = 0.0, 0.0, 0
+    bin_n, bin_acc, bin_conf = (torch.zeros(ECE_BINS, dtype=torch.float64) for _ in range(3))
+    for lg, tg in batches:
+        late.add(lg, tg)
+        assert late._pending, "nothing should have been folded in yet"
+        early.add(lg, tg)
+        assert early.n >= 0 and not early._pending  # reading folds in
+        kept = tg.reshape(-1) != -100
+        l, t = lg.reshape(-1, 11)[kept].double(), tg.reshape(-1)[kept]
+        loss += F.cross_entropy(l, t, reduction="sum").item()
+        conf, pred = l.softmax(-1).max(-1)
+        hit = (pred == t).double()
+        correct, n = correct + hit.sum().item(), n + t.numel()
+        bins = (conf * ECE_BINS).long().clamp(max=ECE_BINS - 1)
+        bin_n += torch.bincount(bins, minlength=ECE_BINS).double()
+        bin_acc += torch.bincount(bins, weights=hit, minlength=ECE_BINS)
+        bin_conf += torch.bincount(bins, weights=conf, minlength=ECE_BINS)
+    assert late.state().keys() == early.state().keys()
+    for name in ("n", "loss", "correct", "bin_n", "bin_acc", "bin_conf"):
+        a, b = getattr(late, name), getattr(early, name)
+        assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), name
+    assert late.n == n and late.correct == correct and torch.equal(late.bin_n, bin_n)
+    assert late.loss == pytest.approx(loss, rel=1e-14) and torch.allclose(late.bin_conf, bin_conf, rtol=1e-14)
+    assert torch.equal(late.bin_acc, bin_acc)
+    assert late.result() == early.result()

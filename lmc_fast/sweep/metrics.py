@@ -90,42 +90,83 @@ def has_kept_targets(logits: torch.Tensor, targets: torch.Tensor, task: str | No
     return bool((flat_logits_targets(logits, targets, task)[1] != IGNORE_INDEX).any())
 
 
+def _sum_field(name: str):
+    """A public sum of MetricSums: reading it first folds in what the device still holds."""
+
+    def get(self):
+        self.flush()
+        return getattr(self, "_" + name)
+
+    def set_(self, value):
+        self.flush()
+        setattr(self, "_" + name, value)
+
+    return property(get, set_)
+
+
 class MetricSums:
-    """Accumulates loss / accuracy / calibration over batches (sums, so batch sizes may differ)."""
+    """Accumulates loss / accuracy / calibration over batches (sums, so batch sizes may differ).
+
+    `add` never waits for the device: each batch's sums (float64) stay on the logits' device until
+    a field is read, then are folded into the public fields (host floats and float64 CPU tensors)
+    batch by batch (`flush`): on CUDA a sweep synchronises once per mixture and read, not five
+    times per mixture and batch, and the sums are the same whenever they are read."""
+
+    FIELDS = ("is_lm", "task", "batches", "n", "loss", "correct", "bin_conf", "bin_acc", "bin_n")
+    n, loss, correct = _sum_field("n"), _sum_field("loss"), _sum_field("correct")
+    bin_conf, bin_acc, bin_n = _sum_field("bin_conf"), _sum_field("bin_acc"), _sum_field("bin_n")
 
     def __init__(self, is_lm: bool = False, task: str | None = None):
         self.is_lm, self.task = is_lm, task
         self.batches = 0
-        self.n = 0
-        self.loss = 0.0
-        self.correct = 0.0
-        self.bin_conf = torch.zeros(ECE_BINS, dtype=torch.float64)
-        self.bin_acc = torch.zeros(ECE_BINS, dtype=torch.float64)
-        self.bin_n = torch.zeros(ECE_BINS, dtype=torch.float64)
+        self._pending = []  # per batch [loss, correct, n, bins (3 x ECE_BINS)] on the device, not yet folded in
+        self._n, self._loss, self._correct = 0, 0.0, 0.0
+        self._bin_conf, self._bin_acc, self._bin_n = (torch.zeros(ECE_BINS, dtype=torch.float64) for _ in range(3))
+
+    def state(self) -> dict:
+        """Every field, device sums folded in (what a record or an all-reduce carries)."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def flush(self) -> None:
+        """Fold the batches' sums still on the device into the fields: one copy to the host, then
+        added batch after batch in order, so the result does not depend on when it is read."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        for row in torch.stack(pending).cpu():
+            self._loss += float(row[0])
+            self._correct += float(row[1])
+            self._n += int(row[2])
+            bins = row[3:].reshape(3, ECE_BINS)
+            self._bin_n, self._bin_acc, self._bin_conf = (self._bin_n + bins[0], self._bin_acc + bins[1],
+                                                          self._bin_conf + bins[2])
+
+    def _add_pending(self, loss, correct, n, bins) -> None:
+        self._pending.append(torch.cat([torch.stack([loss, correct, n]), bins.reshape(-1)]))
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor):
         if self.task == "denoise":  # sums of per-sample squared errors; no accuracy or calibration
             self.batches += 1
-            self.loss += float(noise_errors(logits.double(), targets).sum())
-            self.n += targets.shape[0]
+            err = noise_errors(logits.double(), targets).sum()
+            zero = err.new_zeros(())
+            self._add_pending(err, zero, zero + targets.shape[0], err.new_zeros(3, ECE_BINS))
             return
         lg, tg = flat_logits_targets(logits, targets, self.task)
         self.batches += 1
-        kept = tg != IGNORE_INDEX
-        if not bool(kept.all()):
-            lg, tg = lg[kept], tg[kept]
         if tg.numel() == 0:
             return
+        # ignored targets (-100) are masked, not dropped: dropping them would ask the device how many
+        kept = tg != IGNORE_INDEX
         lg = lg.double()
-        self.loss += F.cross_entropy(lg, tg, reduction="sum").item()
+        loss = F.cross_entropy(lg, tg, ignore_index=IGNORE_INDEX, reduction="sum")
         conf, pred = lg.softmax(-1).max(-1)
-        hit = (pred == tg).double()
-        self.correct += hit.sum().item()
-        self.n += tg.numel()
-        bins = (conf * ECE_BINS).long().clamp_(max=ECE_BINS - 1).cpu()
-        self.bin_n += torch.bincount(bins, minlength=ECE_BINS).double()
-        self.bin_conf += torch.bincount(bins, weights=conf.cpu(), minlength=ECE_BINS)
-        self.bin_acc += torch.bincount(bins, weights=hit.cpu(), minlength=ECE_BINS)
+        keep = kept.double()
+        hit = (pred == tg).double() * keep
+        bins = torch.zeros(3, ECE_BINS, dtype=torch.float64, device=lg.device)
+        idx = (conf * ECE_BINS).long().clamp_(max=ECE_BINS - 1)
+        for row, values in enumerate((keep, hit, conf * keep)):
+            bins[row].scatter_add_(0, idx, values)
+        self._add_pending(loss, hit.sum(), keep.sum(), bins)
 
     def result(self) -> dict:
         if self.batches == 0:

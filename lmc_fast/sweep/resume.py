@@ -156,7 +156,7 @@ def check_sums(s: MetricSums) -> None:
 
 def sums_state(s: MetricSums | None):
     """Every field of the sums (whatever MetricSums holds), floats exactly; None stays None."""
-    return None if s is None else {name: _encode(v) for name, v in vars(s).items()}
+    return None if s is None else {name: _encode(v) for name, v in s.state().items()}
 
 
 def sums_from_state(state) -> MetricSums | None:
@@ -167,10 +167,10 @@ def sums_from_state(state) -> MetricSums | None:
     if not isinstance(state, dict):
         raise ValueError(f"the record's metric sums must be an object, got {type(state).__name__}")
     s = MetricSums(is_lm=state.get("is_lm") is True)
-    if set(state) != set(vars(s)):
+    if set(state) != set(s.FIELDS):
         raise ValueError("the record's metric sums have other fields than this version's")
     for name, value in state.items():
-        setattr(s, name, _decode_like(name, value, getattr(s, name)))
+        setattr(s, name, _decode_like(name, value, getattr(s, name)))  # every field is a settable attribute
     check_sums(s)
     return s
 
