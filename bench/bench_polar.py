@@ -14,6 +14,7 @@ from common import matmul_peak, median_time, print_table, record, write_results 
 
 import lmc_fast.kernels as K  # noqa: E402
 import lmc_fast.kernels._ext  # noqa: E402,F401
+from lmc_fast.kernels.polar_newton import newton_polar  # noqa: E402
 
 polar_mod = importlib.import_module("lmc_fast.kernels.polar")
 
@@ -55,9 +56,11 @@ def main(argv=None):
     ext = K._ext.get_ext() if hasattr(K, "_ext") else None
     cases = [(16, 256), (32, 128), (48, 64), (64, 64), (128, 16), (256, 4)]
     if dev.type == "cuda":
-        cases = [(16, 1024), (32, 1024), (64, 512), (64, 4096), (128, 256), (256, 64)]
+        # n <= 64: the CUDA kernel; above, the asynchronous Newton iteration (a learned step's residual:
+        # one matrix of the model width; weight matching's: 2048 for a 1.1B LLaMA)
+        cases = [(16, 1024), (32, 1024), (64, 512), (256, 1), (2048, 1), (64, 4096), (128, 256), (256, 64)]
     if args.quick:
-        cases = cases[:3]
+        cases = cases[:5] if dev.type == "cuda" else cases[:3]
     dtypes = [torch.float32, torch.float64]
     # Ours computes in double whatever the input dtype: the float64 matmul peak (at the same
     # thread count) is the yardstick for both.
@@ -86,10 +89,15 @@ def main(argv=None):
                 suffix = "cuda"
                 kinds = (("polar", "jacobi", lambda: polar_mod._cuda_call(M, False, False, True), lambda: torch_polar(M),
                           "torch.linalg.svd batched, then U @ Vh"),)
+            elif dev.type == "cuda":
+                suffix = "cuda"
+                kinds = (("polar", "newton", lambda: newton_polar(M)[0], lambda: torch_polar(M),
+                          "torch.linalg.svd batched, then U @ Vh"),)
             else:
                 continue
             Pref = torch_polar(M.double())
-            P_ours = K.polar(M) if dev.type != "cpu" else torch.from_numpy(ours_polar())
+            P_ours = (newton_polar(M)[0] if n > polar_mod.CUDA_MAX_N else K.polar(M)) if dev.type != "cpu" \
+                else torch.from_numpy(ours_polar())
             err = (P_ours.double() - Pref).abs().max().item()
             for what, method, ours, base, base_name in kinds:
                 t_ours, _ = median_time(ours, repeat=rep, device=dev)

@@ -7,6 +7,9 @@ Routing (see bench/bench_polar.py and bench/results/ for the measurements behind
 - CPU, singular values or vectors wanted, n <= CPU_MAX_N_BY_DTYPE[dtype]: the C++ one-sided
   Jacobi SVD in double (OpenMP over the batch).
 - CUDA, float32/float64, n <= 64: the CUDA kernel (one thread block per matrix).
+- CUDA, n > 64, ``polar(M, check_finite=False)`` (a GPU step's own matrices): the scaled Newton
+  iteration in torch (polar_newton.py), which never waits for the host; a matrix it cannot
+  converge (singular, non-finite) comes out NaN.
 - everything else (larger n, other dtypes' fallback, tensors that need autograd, or no
   compiled extension): ``torch.linalg.svd`` (the reference).
 Half/bfloat16 inputs are computed in float32 and cast back.
@@ -22,6 +25,7 @@ import torch
 
 from ..numerics import all_finite
 from ._ext import get_ext, has_cuda_kernels
+from .polar_newton import newton_polar
 from .reference import polar_reference, svd_small_reference
 
 __all__ = ["polar", "svd_small", "polar_and_singular_values", "CPU_MAX_N", "CPU_MAX_N_BY_DTYPE", "CPU_POLAR_MAX_N",
@@ -129,16 +133,23 @@ def svd_small(M: torch.Tensor):
 def polar(M: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """(B, n, n) or (n, n) -> orthogonal polar factor U Vh of each matrix (the orthogonal
     R maximising tr(R^T M)), on M's device and in M's dtype. `check_finite=False` skips the
-    NaN / inf refusal, which on CUDA is a host synchronisation: for callers inside a GPU step
-    whose input is their own (a NaN then comes out as NaN, never as a number)."""
+    NaN / inf refusal, which on CUDA is a host synchronisation, and above the CUDA kernel's size
+    takes the Newton iteration instead of torch's SVD (which synchronises too): for callers inside a
+    GPU step whose input is their own. A NaN / inf (or, there, unconvergeable) matrix comes out NaN."""
     Mb, squeeze = _check(M, "polar", check_finite)
-    if _route(Mb, polar_only=True) == "torch" and Mb.dtype in _COMPUTE:
+    route = _route(Mb, polar_only=True)
+    ok = None
+    if not check_finite and route == "torch" and Mb.device.type == "cuda" and not Mb.requires_grad:
+        # above the CUDA kernel's size torch.linalg.svd would wait for the host: Newton does not
+        P, ok = newton_polar(Mb)
+    elif route == "torch" and Mb.dtype in _COMPUTE:
         P = polar_reference(Mb)
     else:
         P = _dispatch(Mb, False, False, True)[3]
     if not check_finite:  # the solvers may return numbers for a NaN input: make it NaN, on the device
-        finite = torch.isfinite(Mb).all(-1, keepdim=True).all(-2, keepdim=True)
-        P = torch.where(finite, P, torch.full((), float("nan"), dtype=P.dtype, device=P.device))
+        good = torch.isfinite(Mb).all(-1).all(-1)
+        good = good if ok is None else good & ok
+        P = torch.where(good[:, None, None], P, torch.full((), float("nan"), dtype=P.dtype, device=P.device))
     return P[0] if squeeze else P
 
 

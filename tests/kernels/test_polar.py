@@ -276,3 +276,35 @@ def test_unchecked_polar_turns_a_non_finite_matrix_into_nan_and_leaves_the_rest(
     assert torch.equal(P[keep], K.polar(M[keep]))
     with pytest.raises(ValueError, match="NaN or inf"):
         K.polar(M)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_newton_polar_finds_a_planted_polar_factor(dtype):
+    """M = Q H with Q orthogonal and H symmetric positive definite (condition up to 1e6): the
+    asynchronous Newton iteration returns Q (float64; a float32 M is a different matrix, so its
+    factor is checked against the SVD of that matrix), reports convergence, keeps M's dtype."""
+    from lmc_fast.kernels.polar_newton import newton_polar
+
+    g = torch.Generator().manual_seed(11)
+    B, n = 4, 96
+    Q = torch.linalg.qr(torch.randn(B, n, n, generator=g, dtype=torch.float64))[0]
+    W = torch.linalg.qr(torch.randn(B, n, n, generator=g, dtype=torch.float64))[0]
+    s = torch.stack([torch.logspace(0, -e, n, dtype=torch.float64) for e in (0.5, 2, 4, 6)])
+    M = ((Q @ (W * s[:, None, :]) @ W.mT)).to(dtype)
+    P, converged = newton_polar(M)
+    assert P.dtype == dtype and converged.all()
+    if dtype == torch.float64:
+        assert (P - Q).abs().max() < 1e-9
+    else:
+        assert (P.double() - polar_mod.polar_reference(M.double())).abs().max() < 1e-5
+
+
+def test_newton_polar_reports_what_it_cannot_converge():
+    from lmc_fast.kernels.polar_newton import newton_polar
+
+    M = torch.randn(3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    M[0, :, 4] = 0.0  # singular
+    M[1, 3, 3] = float("nan")
+    P, converged = newton_polar(M)
+    assert converged.tolist() == [False, False, True]
+    assert torch.allclose(P[2], polar_mod.polar_reference(M[2]), atol=1e-12)
