@@ -99,7 +99,7 @@ def build_case(family: str, args, device):
     return a, b, data, n, sizes, info
 
 
-def run_family(family: str, args, device, peak32: float, peak16: float | None) -> list[dict]:
+def run_family(family: str, args, device, peak32: float, peak16: float | None, peak_tf32: float | None = None) -> list[dict]:
     a, b, data, n, sizes, (tokens, in_feat, classes) = build_case(family, args, device)
     arch, params = models_params([a, b], "raw")
     lams = [i / (args.K - 1) for i in range(args.K)]
@@ -130,12 +130,14 @@ def run_family(family: str, args, device, peak32: float, peak16: float | None) -
     base = med["loop"]
     for name in [k for k in variants if k != "loop"]:
         abs_err, rel_err = loss_err(results[name], loop_loss)
+        peak = peak_tf32 if name.endswith("_tf32") and peak_tf32 else peak32
         recs.append(record(
             f"sweep_{family}_{name}", device=device, dtype=torch.float32, sizes=sizes,
             baseline="per-lambda loop (engine='loop'): mix, build model, evaluate", baseline_s=base,
             ours_s=med[name], gflops=flops,
-            extra={"variant": name, "gflops": flops / med[name], "peak_gflops": peak32,
-                   "fraction_of_peak": flops / med[name] / peak32, "baseline_fraction_of_peak": flops / base / peak32,
+            extra={"variant": name, "gflops": flops / med[name], "peak_gflops": peak,
+                   "peak_dtype": "tf32" if peak is peak_tf32 else "float32",
+                   "fraction_of_peak": flops / med[name] / peak, "baseline_fraction_of_peak": flops / base / peak32,
                    "loss_max_abs_diff": abs_err, "loss_max_rel_diff": rel_err, "times_s": times[name],
                    "baseline_times_s": times["loop"]}))
     # bf16: full data where bf16 GEMMs are native, else a slice (CPU fallback is very slow)
@@ -198,13 +200,16 @@ def main(argv=None):
     peak_n = 2048 if device.type == "cpu" else 8192
     peak32 = matmul_peak(device, torch.float32, peak_n)
     peak16 = matmul_peak(device, torch.bfloat16, peak_n) if bf16_fast_here(device) else None
+    peak_tf32 = None
     if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        peak_tf32 = matmul_peak(device, torch.float32, peak_n)  # the TF32 variants' yardstick
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 sweeps must match the loop to 1e-5
     print(f"fp32 matmul peak {peak32:.1f} GFLOP/s" + (f", bf16 {peak16:.1f}" if peak16 else
                                                        ", no native bf16 GEMM here"), flush=True)
     recs = []
     for fam in [m.strip() for m in args.models.split(",") if m.strip()]:
-        out = run_family(fam, args, device, peak32, peak16)
+        out = run_family(fam, args, device, peak32, peak16, peak_tf32)
         print_table(out)
         for r in out:
             print(f"  {r['name']}: {r['gflops']:.1f} GFLOP/s = {r['fraction_of_peak']:.0%} of peak; "
