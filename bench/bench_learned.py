@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
-import warnings
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import record, write_results  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
+from lmc_fast.host_syncs import host_syncs  # noqa: E402
 from lmc_fast.kernels.reference import linear_assignment_reference, polar_reference  # noqa: E402
 from lmc_fast.match import projection  # noqa: E402
 from lmc_fast.match.kinds.heads import HeadsLatent  # noqa: E402
@@ -93,6 +92,25 @@ def projection_difference(spec, init, device) -> dict:
     return {"permutations_equal": perms_equal, "max_map_abs_diff": map_err, "same": perms_equal and map_err < 1e-4}
 
 
+def paper_vit_case(device, batch: int, wm_iter: int = 2):
+    """Two random paper ViTs in canonical form (float32 on `device`), weight matching's elements as
+    the latents' start, and a random batch: (spec, pa, pb, init, x, y)."""
+    from lmc_fast.match.weight import weight_matching
+
+    torch.manual_seed(0)
+    a, b = lf.models.ViT(lf.models.ViTConfig.paper()), lf.models.ViT(lf.models.ViTConfig.paper())
+    arch, ra = standard_params(a)
+    _, rb = standard_params(b)
+    spec = canonical_spec(arch)
+    pa64, pb64 = canonical_params(arch, ra), canonical_params(arch, rb)
+    init, _ = weight_matching(spec, pa64, pb64, max_iter=wm_iter, polish_iter=0)
+    pa = {k: v.to(device=device, dtype=torch.float32) for k, v in pa64.items()}
+    pb = {k: v.to(device=device, dtype=torch.float32) for k, v in pb64.items()}
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return spec, pa, pb, init, x, y
+
+
 def make_step(latent_cls, spec, pa, pb, init, x, y, k, device):
     """One optimisation step of learned matching with `latent_cls`'s projection (a closure)."""
     lat = latent_cls(spec, init).to(device)
@@ -111,29 +129,6 @@ def make_step(latent_cls, spec, pa, pb, init, x, y, k, device):
         opt.step()
 
     return step
-
-
-def host_syncs(step) -> list[str]:
-    """The synchronising CUDA operations one step performs, from torch's sync debug mode: one
-    entry per operation, its innermost frames in lmc_fast or bench ("file:line < caller:line").
-    A step should have only the assignment's copy to the host."""
-    sites = []
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
-            ours = [f for f in traceback.extract_stack()[:-1] if "lmc_fast" in f.filename or "bench" in f.filename]
-            sites.append(" < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in ours[::-1][:3]))
-
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sites
 
 
 def steps_per_second(latent_cls, spec, pa, pb, init, x, y, steps, k, device):
@@ -159,19 +154,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory for the JSON (default bench/results/)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    a, b = lf.models.ViT(lf.models.ViTConfig.paper()), lf.models.ViT(lf.models.ViTConfig.paper())
-    arch, ra = standard_params(a)
-    _, rb = standard_params(b)
-    spec = canonical_spec(arch)
-    from lmc_fast.match.weight import weight_matching
-
-    pa64, pb64 = canonical_params(arch, ra), canonical_params(arch, rb)
-    init, _ = weight_matching(spec, pa64, pb64, max_iter=2, polish_iter=0)
-    pa = {k: v.to(device=device, dtype=torch.float32) for k, v in pa64.items()}
-    pb = {k: v.to(device=device, dtype=torch.float32) for k, v in pb64.items()}
-    x = torch.randn(args.batch, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (args.batch,), device=device)
+    spec, pa, pb, init, x, y = paper_vit_case(device, args.batch)
     base, ours = [], []
     for _ in range(args.repeat):  # interleaved, so drift hits both alike
         base.append(steps_per_second(PerGroupLatents, spec, pa, pb, init, x, y, args.steps, args.lambdas, device))
@@ -181,7 +164,8 @@ def main(argv=None):
     syncs = {}
     if device.type == "cuda":
         for name, cls in (("baseline", PerGroupLatents), ("ours", Latents)):
-            found = host_syncs(make_step(cls, spec, pa, pb, init, x, y, args.lambdas, device))
+            found = [" < ".join(site[:3]) for site in host_syncs(make_step(cls, spec, pa, pb, init, x, y, args.lambdas,
+                                                                         device), match=("lmc_fast", "bench"))]
             sites = {site: found.count(site) for site in sorted(set(found))}
             syncs[name] = {"count": len(found), "call_sites": sites}
             print(f"{name}: {len(found)} synchronising operations per step, at {sites}")

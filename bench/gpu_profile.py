@@ -12,15 +12,13 @@ Usage: python bench/gpu_profile.py [--images 2048] [--out DIR]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import record, sync, write_results  # noqa: E402
+from common import median_time, record, sync, write_results  # noqa: E402
 
 import lmc_fast as lf  # noqa: E402
 from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures  # noqa: E402
@@ -30,15 +28,7 @@ TOKENS = (32768, 131072, 262144, 1048576)
 
 
 def timed(fn, device, repeat=3) -> float:
-    fn()
-    sync(device)
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return median_time(fn, repeat=repeat, warmup=1, device=device)[0]
 
 
 def vit_case(images: int, device):
@@ -97,25 +87,11 @@ def profile_table(fn, device, title: str) -> str:
 
 
 def learned_step(device):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_learned import make_step
+    from bench_learned import make_step, paper_vit_case
 
     from lmc_fast.match.projection import Latents
-    from lmc_fast.match.weight import weight_matching
-    from lmc_fast.models.adapters import standard_params
-    from lmc_fast.symmetry import canonical_params, canonical_spec
 
-    torch.manual_seed(0)
-    a, b = lf.models.ViT(lf.models.ViTConfig.paper()), lf.models.ViT(lf.models.ViTConfig.paper())
-    arch, ra = standard_params(a)
-    _, rb = standard_params(b)
-    spec = canonical_spec(arch)
-    pa64, pb64 = canonical_params(arch, ra), canonical_params(arch, rb)
-    init, _ = weight_matching(spec, pa64, pb64, max_iter=1, polish_iter=0)
-    pa = {k: v.to(device=device, dtype=torch.float32) for k, v in pa64.items()}
-    pb = {k: v.to(device=device, dtype=torch.float32) for k, v in pb64.items()}
-    x = torch.randn(128, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (128,), device=device)
+    spec, pa, pb, init, x, y = paper_vit_case(device, 128, wm_iter=1)
     return make_step(Latents, spec, pa, pb, init, x, y, 4, device)
 
 

@@ -434,9 +434,7 @@ def test_a_cuda_learned_step_synchronises_only_for_the_assignment():
     """One learned-matching step on the GPU waits for the device only where the assignment copies
     its scores to the host solver and the indices back: torch's sync debug mode names every
     synchronising operation."""
-    import traceback
-    import warnings
-
+    from lmc_fast.host_syncs import host_syncs
     from lmc_fast.match.learned import _mix
     from lmc_fast.models import functional as Fn
     from lmc_fast.sweep.metrics import task_loss
@@ -465,21 +463,35 @@ def test_a_cuda_learned_step_synchronises_only_for_the_assignment():
         opt.step()
 
     step()
-    sites = []
-
-    def show(message, *args, **kwargs):
-        if "synchroniz" in str(message):
-            sites.append([f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if "lmc_fast" in f.filename])
-
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    sites = host_syncs(step)
     assert sites, "the assignment's copies should be seen"
-    others = [s for s in sites if not (s and "kernels/assignment.py" in s[-1])]
+    others = [s for s in sites if not (s and s[0].startswith("assignment.py:"))]
     assert not others, others
+
+
+def test_host_syncs_names_the_frames_of_each_synchronising_operation(monkeypatch):
+    """The CPU path of the GPU sync check: with the CUDA calls stubbed, each warning torch's sync debug
+    mode would give becomes one entry of the matching frames, innermost first; other warnings are not
+    syncs, and the debug mode is set back afterwards."""
+    import warnings
+
+    from lmc_fast.host_syncs import host_syncs
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def inner():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def outer():
+        inner()
+        warnings.warn("something else")
+        inner()
+
+    sites = host_syncs(outer, match=("test_learned",))
+    warn_line, first_call, second_call = (inner.__code__.co_firstlineno + 1, outer.__code__.co_firstlineno + 1,
+                                          outer.__code__.co_firstlineno + 3)
+    assert [s[:2] for s in sites] == [[f"test_learned.py:{warn_line}", f"test_learned.py:{first_call}"],
+                                      [f"test_learned.py:{warn_line}", f"test_learned.py:{second_call}"]]
+    assert modes == ["warn", "default"]
