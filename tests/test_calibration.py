@@ -176,3 +176,17 @@ def test_metric_sums_stay_on_the_device_until_read_and_read_the_same_whenever():
     assert late.loss == pytest.approx(loss, rel=1e-14) and torch.allclose(late.bin_conf, bin_conf, rtol=1e-14)
     assert torch.equal(late.bin_acc, bin_acc)
     assert late.result() == early.result()
+
+
+def test_metric_sums_kept_until_read_hold_no_autograd_graph():
+    """Sums of logits that require grad (a training loop's monitor) are kept detached: an unread sum must
+    not keep its batch's graph and activations alive, and reading it does not warn."""
+    import warnings
+
+    logits = torch.randn(20, 7, requires_grad=True)
+    sums = MetricSums()
+    sums.add(logits * 2, torch.randint(0, 7, (20,)))
+    assert sums._pending and not any(t.requires_grad for t in sums._pending)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sums.n == 20 and sums.loss > 0

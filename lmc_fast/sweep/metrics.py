@@ -142,7 +142,8 @@ class MetricSums:
                                                           self._bin_conf + bins[2])
 
     def _add_pending(self, loss, correct, n, bins) -> None:
-        self._pending.append(torch.cat([torch.stack([loss, correct, n]), bins.reshape(-1)]))
+        # detached: a sum kept until read must not keep the batch's autograd graph (and its activations) alive
+        self._pending.append(torch.cat([torch.stack([loss, correct, n]), bins.reshape(-1)]).detach())
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor):
         if self.task == "denoise":  # sums of per-sample squared errors; no accuracy or calibration
