@@ -239,7 +239,7 @@ def test_maps_beyond_the_group_change_the_function(what):
     name = "residual" if "stream" in what else "cond"
     if "rotation" in what:
         Q = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
-        M = centred_orthogonal(Q[1:, 1:].qr()[0]) if name == "residual" else Q
+        M = centred_orthogonal(torch.linalg.qr(Q[1:, 1:])[0]) if name == "residual" else Q
     else:
         M = torch.eye(d, dtype=torch.float64)
         M[3, 3] = -1
