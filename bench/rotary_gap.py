@@ -12,6 +12,16 @@ overridden, nothing else), seeds 0-5, three disjoint pairs each:
   neox-rotary           NeoX with rotary positions on every head dim (the recipe: a quarter)
   neox-rotary-seq       the same with sequential blocks (the recipe: parallel attention and MLP)
 
+and four that no config field gives, each changing one of the last differences between `llama` and
+`neox-rotary-seq` (the norm, the MLP) on one side: the model is the recipe's class with the norm and
+MLP modules the changed architecture asks for (`ArchVariant`), stored as safetensors with its variant
+name, so lmc_fast.io would not load it as the recipe's model:
+
+  llama-layernorm       LayerNorm with biases instead of RMSNorm
+  llama-gelu            a plain GELU MLP of width 512 (4 x 128) instead of SwiGLU of width 344
+  neox-swiglu           neox-rotary-seq with a SwiGLU MLP of width 344 (biases kept)
+  neox-rmsnorm          neox-rotary-seq with RMSNorm instead of LayerNorm
+
 Per pair: the barrier after weight matching, and where it sits. "A + part at the midpoint": the
 loss of model A with one part's parameters replaced by the aligned midpoint's (canonical space,
 the rest A's) minus A's loss: a part whose two aligned versions compute different things costs a lot
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -42,7 +53,9 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from scipy.optimize import linear_sum_assignment
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402
@@ -54,39 +67,122 @@ from lmc_fast.recipes import recipe  # noqa: E402
 from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures  # noqa: E402
 from lmc_fast.sweep.interpolate import space_params  # noqa: E402
 from lmc_fast.train import train  # noqa: E402
+from lmc_fast.train import seed_everything  # noqa: E402
+from lmc_fast.models.functional_lm import FunctionalLanguageModel  # noqa: E402
+from lmc_fast.models.llama import LlamaAttention, swiglu_width  # noqa: E402
+from lmc_fast.models.neox import NeoX, NeoXAttention  # noqa: E402
 
-# name -> (recipe, config overrides)
+NEOX_SEQ = {"rotary_pct": 1.0, "parallel_residual": False}
+GELU_MLP = {"mlp": "plain", "activation": "gelu"}
+SWIGLU_MLP = {"mlp": "gated", "activation": "silu"}
+# name -> (recipe, config overrides, Arch overrides: the norm / MLP no config field of the recipe's class sets)
 VARIANTS = {
-    "neox": ("neox-shakespeare", {}),
-    "llama": ("llama-shakespeare", {}),
-    "llama-mha": ("llama-shakespeare", {"n_kv_head": 4}),
-    "llama-qkv-bias": ("llama-shakespeare", {"qkv_bias": True}),
-    "neox-rotary": ("neox-shakespeare", {"rotary_pct": 1.0}),
-    "neox-rotary-seq": ("neox-shakespeare", {"rotary_pct": 1.0, "parallel_residual": False}),
+    "neox": ("neox-shakespeare", {}, {}),
+    "llama": ("llama-shakespeare", {}, {}),
+    "llama-mha": ("llama-shakespeare", {"n_kv_head": 4}, {}),
+    "llama-qkv-bias": ("llama-shakespeare", {"qkv_bias": True}, {}),
+    "neox-rotary": ("neox-shakespeare", {"rotary_pct": 1.0}, {}),
+    "neox-rotary-seq": ("neox-shakespeare", NEOX_SEQ, {}),
+    "llama-layernorm": ("llama-shakespeare", {}, {"norm": "layernorm"}),
+    "llama-gelu": ("llama-shakespeare", {"d_mlp": 512}, GELU_MLP),
+    "neox-swiglu": ("neox-shakespeare", {**NEOX_SEQ, "d_mlp": swiglu_width(128)}, SWIGLU_MLP),
+    "neox-rmsnorm": ("neox-shakespeare", NEOX_SEQ, {"norm": "rmsnorm"}),
 }
 SEEDS = range(6)
 PAIRS = ((0, 1), (2, 3), (4, 5))
 SIGN_ROUNDS = 4
+WEIGHTS = "variant.safetensors"
+
+
+class VariantMLP(nn.Module):
+    """An MLP's parameters as `arch` has them: fc1 / fc2, and gate when gated; biases when mlp_bias."""
+
+    def __init__(self, arch):
+        super().__init__()
+        d, f, bias = arch.d_model, arch.d_mlp, bool(arch.mlp_bias)
+        if arch.gated:
+            self.gate = nn.Linear(d, f, bias=bias)
+        self.fc1, self.fc2 = nn.Linear(d, f, bias=bias), nn.Linear(f, d, bias=bias)
+
+
+@functools.cache  # one class per variant, so two models of a variant have one type
+def variant_class(name: str):
+    """The recipe's class (Llama or NeoX) with the architecture changed by the variant's Arch overrides:
+    the same attention modules, the norms and MLP that the changed Arch names. A subclass built from
+    its config alone, so the library's reference adapter (which reads `arch()` and rebuilds a model as
+    `type(model)(config)`) serves it; its forward is the functional one of that Arch."""
+    base = type(recipe(VARIANTS[name][0]).model())
+    arch_overrides = dict(VARIANTS[name][2])
+
+    class ArchVariant(base):
+        def __init__(self, config):
+            FunctionalLanguageModel.__init__(self)
+            self.config, self.arch_overrides = config, arch_overrides
+            arch = self.arch()
+            attn = NeoXAttention if base is NeoX else LlamaAttention
+            self._decoder(config, arch.norm, lambda: attn(config), lambda: VariantMLP(arch))
+
+        def arch(self):
+            return dataclasses.replace(base.arch(self), **self.arch_overrides)
+
+    ArchVariant.__name__ = ArchVariant.__qualname__ = f"{base.__name__}Variant"
+    return ArchVariant
 
 
 def variant_recipe(name: str):
-    base, overrides = VARIANTS[name]
+    base, overrides, _ = VARIANTS[name]
     r = recipe(base)
     return dataclasses.replace(r, model_config=dataclasses.replace(r.model_config, **overrides))
+
+
+def variant_model(name: str, seed: int):
+    """A freshly initialised model of the variant, seeded as the recipe seeds its own."""
+    r = variant_recipe(name)
+    model = r.model(seed=seed)
+    arch_overrides = VARIANTS[name][2]
+    if not arch_overrides:
+        return model
+    seed_everything(seed)
+    return variant_class(name)(model.config)
+
+
+def save_variant(model, out: Path, metadata: dict) -> None:
+    if not getattr(model, "arch_overrides", None):
+        save_model(model, out, metadata=metadata)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp),
+              metadata={"variant": json.dumps(metadata)})
+    tmp.replace(out / WEIGHTS)
+
+
+def load_variant(models: Path, name: str, seed: int):
+    folder = models / name / f"seed{seed}"
+    if not VARIANTS[name][2]:
+        return load_model(folder)
+    model = variant_model(name, seed)
+    model.load_state_dict(load_file(str(folder / WEIGHTS)))  # strict: every parameter, no other
+    return model.eval()
+
+
+def is_trained(models: Path, name: str, seed: int) -> bool:
+    folder = models / name / f"seed{seed}"
+    return (folder / (WEIGHTS if VARIANTS[name][2] else "config.json")).exists()
 
 
 def train_variants(models: Path, names) -> None:
     for name in names:
         r = variant_recipe(name)
         for seed in SEEDS:
-            out = models / name / f"seed{seed}"
-            if (out / "config.json").exists():
+            if is_trained(models, name, seed):
                 continue
             t0 = time.perf_counter()
-            model = r.model(seed=seed)
+            model = variant_model(name, seed)
             train(model, **r.train_kwargs, seed=seed)
-            save_model(model, out, metadata={"recipe": VARIANTS[name][0], "overrides": VARIANTS[name][1],
-                                             "seed": seed, "seconds": time.perf_counter() - t0})
+            save_variant(model, models / name / f"seed{seed}",
+                         {"recipe": VARIANTS[name][0], "overrides": VARIANTS[name][1],
+                          "arch_overrides": VARIANTS[name][2], "seed": seed, "seconds": time.perf_counter() - t0})
             print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -142,14 +238,14 @@ def signed_units(a, b):
 
 
 def pair_record(models: Path, name: str, seeds, test, train_batches, learned_steps: int) -> dict:
-    a, b = (load_model(models / name / f"seed{s}") for s in seeds)
+    a, b = (load_variant(models, name, s) for s in seeds)
     t0 = time.perf_counter()
     b_weight = lf.align(a, b, "weight").apply(b)
     rec = {"seeds": list(seeds), "weight_seconds": time.perf_counter() - t0,
            "none": lf.barrier(a, b, test, lambdas=11, space="raw").barrier,
            "weight": lf.barrier(a, b_weight, test, lambdas=11).barrier,
            "parts": part_costs(a, b_weight, test)}
-    if name.startswith("llama"):
+    if a.arch().gated and not a.arch().mlp_bias:  # the sign pass moves weights only
         b_signed, flipped = signed_units(a, b)
         rec["weight_signed_units"] = lf.barrier(a, b_signed, test, lambdas=11).barrier
         rec["units_flipped_per_round"] = flipped
@@ -199,14 +295,20 @@ def table(summary: dict) -> str:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("train", "measure"))
-    p.add_argument("--models", required=True, help="folder of <variant>/seed<N> model folders")
+    p.add_argument("command", choices=("train", "measure", "combine"))
+    p.add_argument("--models", help="folder of <variant>/seed<N> model folders (train, measure)")
+    p.add_argument("--inputs", nargs="+", default=[], help="combine: measure outputs (.json) of disjoint variants")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--learned-steps", type=int, default=0)
     p.add_argument("--learned-pairs", type=int, default=1)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "rotary_gap"))
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.command == "combine":
+        write(combine([json.loads(Path(f).read_text()) for f in args.inputs]), Path(args.out))
+        return
+    if not args.models:
+        p.error(f"{args.command} needs --models")
     models = Path(args.models)
     if args.command == "train":
         train_variants(models, args.variants)
@@ -234,11 +336,31 @@ def main():
               "learned": {"preset": "labels-loop", "steps": args.learned_steps, "pairs": args.learned_pairs,
                           "batches": [60, 128]},
               "summary": summary, "records": records}
-    out = Path(args.out)
+    write(result, Path(args.out))
+
+
+def combine(results: list) -> dict:
+    """One result of measure runs over disjoint variants (e.g. one per core), each run's machine and load kept."""
+    if not results:
+        raise SystemExit("combine: give --inputs")
+    names = [n for r in results for n in r["records"]]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"combine: a variant is in more than one input: {sorted(names)}")
+    keep = ("pairs", "test_blocks", "lambdas")
+    if any(r.get(k) != results[0].get(k) for r in results for k in keep):
+        raise SystemExit(f"combine: the inputs differ in {keep}")
+    records = {n: recs for r in results for n, recs in r["records"].items()}
+    runs = [{k: r[k] for k in ("machine", "torch", "torch_threads", "load_average", "variants", "learned")}
+            for r in results]
+    return {"kind": "rotary_gap", **{k: results[0][k] for k in keep}, "runs": runs,
+            "summary": summarise(records), "records": records}
+
+
+def write(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(table(summary))
-    print(table(summary))
+    out.with_suffix(".md").write_text(table(result["summary"]))
+    print(table(result["summary"]))
     print(f"-> {out}.json, {out}.md")
 
 

@@ -73,3 +73,57 @@ def test_only_the_part_that_differs_costs_anything(name, part):
     assert set(costs) == {"embed", "head", "attn0.qk", "attn0.vo", "attn1.qk", "attn1.vo", "mlp0", "mlp1"}
     assert abs(costs[part]) > 1e-4  # a random model barely reacts, but far above the others
     assert all(abs(c) < 1e-6 for p, c in costs.items() if p != part), costs
+
+
+ARCH_VARIANTS = [n for n, (_, _, arch_overrides) in rotary_gap.VARIANTS.items() if arch_overrides]
+
+
+def lm_tokens(seed: int, n: int = 4, t: int = 32):
+    return torch.randint(0, 256, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_study_has_the_four_norm_and_mlp_variants():
+    assert ARCH_VARIANTS == ["llama-layernorm", "llama-gelu", "neox-swiglu", "neox-rmsnorm"]
+
+
+@pytest.mark.parametrize("name", ARCH_VARIANTS)
+def test_an_arch_variant_reads_every_parameter_it_has_and_is_the_architecture_it_names(name):
+    model = rotary_gap.variant_model(name, seed=0)
+    arch = model.arch()
+    for field, value in rotary_gap.VARIANTS[name][2].items():
+        assert getattr(arch, field) == value
+    names = set(dict(model.named_parameters()))
+    assert ("blocks.0.mlp.gate.weight" in names) == arch.gated
+    assert ("blocks.0.ln1.bias" in names) == (arch.norm == "layernorm")
+    assert ("blocks.0.mlp.fc1.bias" in names) == bool(arch.mlp_bias)
+    assert model.blocks[0].mlp.fc1.weight.shape[0] == arch.d_mlp == model.config.d_mlp
+    # the functional forward of that Arch reads each of them (a parameter it ignored would get no gradient)
+    model(lm_tokens(1)).square().mean().backward()
+    unread = [k for k, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert unread == []
+
+
+@pytest.mark.parametrize("name", ARCH_VARIANTS)
+def test_an_arch_variant_survives_saving_and_its_group_is_exact(name, tmp_path):
+    from lmc_fast.symmetry import Alignment, canonical_spec
+
+    a = rotary_gap.variant_model(name, seed=0).eval()
+    with torch.no_grad():  # break the init's symmetries between norms (ones) so a wrong fold would show
+        for p in a.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    rotary_gap.save_variant(a, tmp_path / name / "seed0", {"seed": 0})
+    loaded = rotary_gap.load_variant(tmp_path, name, 0)
+    assert type(loaded) is type(a)
+    x = lm_tokens(2)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), a(x))
+    b = Alignment.random(canonical_spec(a.arch()), seed=3).apply(a)
+    with torch.no_grad():
+        assert torch.allclose(b(x), a(x), atol=2e-4)  # a planted element keeps the function
+        _, pa = space_params(a, "canonical")
+        _, pb = space_params(b, "canonical")
+        assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) > 0.1  # and really moved B
+        aligned = rotary_gap.lf.align(a, b, "weight").apply(b)
+        _, pr = space_params(aligned, "canonical")
+        assert max(float((pa[k] - pr[k]).abs().max()) for k in pa) < 1e-4  # recovered
