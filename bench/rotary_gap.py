@@ -12,13 +12,14 @@ overridden, nothing else), seeds 0-5, three disjoint pairs each:
   neox-rotary           NeoX with rotary positions on every head dim (the recipe: a quarter)
   neox-rotary-seq       the same with sequential blocks (the recipe: parallel attention and MLP)
 
-and four that no config field gives, each changing one of the last differences between `llama` and
+and five that no config field gives, each changing one of the last differences between `llama` and
 `neox-rotary-seq` (the norm, the MLP) on one side: the model is the recipe's class with the norm and
 MLP modules the changed architecture asks for (`ArchVariant`), stored as safetensors with its variant
 name, so lmc_fast.io would not load it as the recipe's model:
 
   llama-layernorm       LayerNorm with biases instead of RMSNorm
-  llama-gelu            a plain GELU MLP of width 512 (4 x 128) instead of SwiGLU of width 344
+  llama-gelu            a plain GELU MLP of width 512 (4 x 128, the SwiGLU's parameters) instead of SwiGLU of width 344
+  llama-gelu-narrow     the same GELU MLP at the SwiGLU's width, 344 (its units, two thirds of its parameters)
   neox-swiglu           neox-rotary-seq with a SwiGLU MLP of width 344 (biases kept)
   neox-rmsnorm          neox-rotary-seq with RMSNorm instead of LayerNorm
 
@@ -84,7 +85,8 @@ VARIANTS = {
     "neox-rotary": ("neox-shakespeare", {"rotary_pct": 1.0}, {}),
     "neox-rotary-seq": ("neox-shakespeare", NEOX_SEQ, {}),
     "llama-layernorm": ("llama-shakespeare", {}, {"norm": "layernorm"}),
-    "llama-gelu": ("llama-shakespeare", {"d_mlp": 512}, GELU_MLP),
+    "llama-gelu": ("llama-shakespeare", {"d_mlp": 512}, GELU_MLP),  # the SwiGLU's parameter count
+    "llama-gelu-narrow": ("llama-shakespeare", {"d_mlp": swiglu_width(128)}, GELU_MLP),  # its unit count
     "neox-swiglu": ("neox-shakespeare", {**NEOX_SEQ, "d_mlp": swiglu_width(128)}, SWIGLU_MLP),
     "neox-rmsnorm": ("neox-shakespeare", NEOX_SEQ, {"norm": "rmsnorm"}),
 }

@@ -82,8 +82,8 @@ def lm_tokens(seed: int, n: int = 4, t: int = 32):
     return torch.randint(0, 256, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
-def test_the_study_has_the_four_norm_and_mlp_variants():
-    assert ARCH_VARIANTS == ["llama-layernorm", "llama-gelu", "neox-swiglu", "neox-rmsnorm"]
+def test_the_study_has_the_five_norm_and_mlp_variants():
+    assert ARCH_VARIANTS == ["llama-layernorm", "llama-gelu", "llama-gelu-narrow", "neox-swiglu", "neox-rmsnorm"]
 
 
 @pytest.mark.parametrize("name", ARCH_VARIANTS)
