@@ -32,7 +32,7 @@ SwiGLU units' signs (up row and down column negated together: exact, not in the 
 see docs/ARCHITECTURE.md section 1.5): a post-pass that re-solves each MLP's assignment with
 |<up, up'> + <down, down'>| and bakes the chosen signs into B, then weight matching again, 4 rounds.
 `--learned-steps N` adds the library's default learned matching (labels-loop) at N steps on the
-first `--learned-pairs` pairs of each variant (expensive: ~7 min a pair at 300 steps on one core).
+first `--learned-pairs` pairs of each variant (expensive: ~7 min a pair at 600 steps on one core, load 2).
 
 Evaluation as Table 1's grids: 11 lambdas over the first 512 test blocks of 64 bytes in batches of 128.
 
