@@ -16,6 +16,7 @@ each row names the settings it changed from Table 1's learned column.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import tomllib
@@ -127,36 +128,59 @@ def summarise(folder: Path, setting: str | None = None) -> dict:
                         "barrier_per_pair": [r["barrier"] for r in recs],
                         "seconds": _stats([solve_seconds(r) for r in recs]),
                         "steps_taken": _stats([r["info"]["steps"] for r in recs]),
-                        "val_history": [r["info"]["val_history"] for r in recs]}
+                        "val_history": [r["info"]["val_history"] for r in recs],
+                        "models": [[r["info"].get("fingerprint_a"), r["info"].get("fingerprint_b")] for r in recs],
+                        "grid": str(folder)}
     return rows
+
+
+def models_tag(row: dict) -> str:
+    """A short name for the models a run aligned (the fingerprints of its first pair's two models): rows with
+    equal tags ran on the same models (a grid that retrains them on another CPU may get other ones)."""
+    models = row.get("models")
+    first = models[min(range(len(row["pairs"])), key=lambda i: row["pairs"][i])] if models else None
+    return hashlib.sha1(repr(first).encode()).hexdigest()[:6]
+
+
+def merge_rows(rows: dict, new: dict, folder: Path) -> None:
+    """Add a grid's rows to a setting's; a method name another grid already gave is kept apart by its folder."""
+    for method, row in new.items():
+        rows[method if method not in rows else f"{method} @{folder.name}"] = row
 
 
 def lower_than_table1(rows: dict, row: dict) -> str:
     """On how many of its pairs a run's barrier is below that of the run with Table 1's settings and the
-    same steps ("" where there is no such run, or this is it)."""
-    ref = next((r for r in rows.values() if not r.get("changed") and r["steps"] == row["steps"]), None)
+    same steps on the same models ("" where there is no such run, or this is it)."""
+    ref = next((r for r in rows.values() if not r.get("changed") and r["steps"] == row["steps"]
+                and models_tag(r) == models_tag(row)), None)
     if ref is None or ref is row:
         return ""
-    theirs = dict(zip(map(tuple, ref["pairs"]), ref["barrier_per_pair"]))
-    shared = [(b, theirs[tuple(p)]) for p, b in zip(row["pairs"], row["barrier_per_pair"]) if tuple(p) in theirs]
+
+    def by_pair(r):  # a pair counts as shared only where both runs aligned the same two models
+        models = r.get("models") or [None] * len(r["pairs"])
+        return {(tuple(p), tuple(m) if m else None): b for p, m, b in zip(r["pairs"], models, r["barrier_per_pair"])}
+    theirs = by_pair(ref)
+    shared = [(b, theirs[key]) for key, b in by_pair(row).items() if key in theirs]
     return f"{sum(b < t for b, t in shared)}/{len(shared)}" if shared else ""
 
 
 def markdown(results: dict) -> str:
     out = [f"Learned matching per budget: test loss barrier and seconds of one core per pair, median [min, max] "
            f"(goal: median <= {GOAL} within {BUDGET_SECONDS:.0f} s):", "",
-           "| setting | run | changed from Table 1 | pairs | steps taken | seconds | barrier | lower than Table 1's "
-           "settings | goal met |",
-           "|---|---|---|---:|---:|---:|---:|---:|---|"]
+           "| setting | run | changed from Table 1 | models | pairs | steps taken | seconds | barrier | lower than "
+           "Table 1's settings | goal met |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for setting, rows in results.items():
         for method, r in sorted(rows.items(), key=lambda kv: kv[1]["seconds"]["median"]):
             met = r["barrier"]["median"] <= GOAL
             within = r["seconds"]["median"] <= BUDGET_SECONDS
             changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items()) or "-"
-            out.append(f"| {SETTINGS.get(setting, setting)} | {method} | {changed} | {len(r['pairs'])} | "
+            out.append(f"| {SETTINGS.get(setting, setting)} | {method} | {changed} | {models_tag(r)} | {len(r['pairs'])} | "
                        f"{_fmt(r['steps_taken'], 0)} | {_fmt(r['seconds'], 0)} | {_fmt(r['barrier'])} | "
                        f"{lower_than_table1(rows, r)} | "
                        f"{'yes' if met and within else ('barrier only' if met else 'no')} |")
+    out += ["", "models: a tag of the aligned models' fingerprints; barriers compare pair by pair only between rows "
+            "with equal tags, and seconds only between runs on the same CPU (the grids' machine.json)."]
     return "\n".join(out) + "\n"
 
 
@@ -217,7 +241,7 @@ def main():
     results: dict = {}
     for g in args.grids:
         setting, _, folder = g.partition("=")
-        results.setdefault(setting, {}).update(summarise(Path(folder), setting))
+        merge_rows(results.setdefault(setting, {}), summarise(Path(folder), setting), Path(folder))
     record = {"kind": "learned_budget", "machine": cpu_model(), "cpu_capability": cpu_capability(),
               "grids": args.grids, "load_average": os.getloadavg(), "goal": GOAL,
               "budget_seconds": BUDGET_SECONDS, "settings": results}

@@ -89,6 +89,18 @@ def test_budget_grid_sets_any_learned_option_and_names_what_it_changed(setting):
     rows = {"a": ref, "b": row}
     assert learned_budget.lower_than_table1(rows, row) == "1/2"  # only the pairs both runs have
     assert learned_budget.lower_than_table1(rows, ref) == ""
+    # a run on other models (a grid retrained on another CPU) is not compared with the reference's pairs
+    other = {**row, "models": [["x", "y"]] * 3}
+    ref_here = {**ref, "models": [["a", "b"], ["c", "d"], ["e", "f"]]}
+    assert learned_budget.models_tag(other) != learned_budget.models_tag(ref_here)
+    assert learned_budget.lower_than_table1({"a": ref_here, "b": other}, other) == ""
+    same = {**row, "models": [["a", "b"], ["c", "d"], ["g", "h"]]}
+    assert learned_budget.lower_than_table1({"a": ref_here, "b": same}, same) == "1/2"
+    # a method name two grids give stays two rows, the second named by its folder
+    merged: dict = {}
+    learned_budget.merge_rows(merged, {"learned-600": ref_here}, Path("grids/xeon"))
+    learned_budget.merge_rows(merged, {"learned-600": other}, Path("grids/epyc"))
+    assert merged == {"learned-600": ref_here, "learned-600 @epyc": other}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         learned_budget.parse_sets(["augment"])
 
