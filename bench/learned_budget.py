@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import os
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -194,15 +195,15 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 5.2), squeeze=False)
     for ax, (setting, rows) in zip(axes[0], results.items()):
-        curves: dict = {}  # one line per set of changed settings: its budgets
+        curves: dict = {}  # one line per set of changed settings and models: its budgets
         for r in rows.values():
-            changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items())
-            curves.setdefault(changed, []).append(
+            changed = ", ".join(f"{k} {v}" for k, v in r.get("changed", {}).items()) or "Table 1's settings"
+            curves.setdefault(f"{changed} (models {models_tag(r)})", []).append(
                 (r["seconds"]["median"], r["barrier"]["median"], r["barrier"]["min"], r["barrier"]["max"]))
         colours = plt.get_cmap("tab20")
         for i, (changed, pts) in enumerate(sorted(curves.items())):
             xs, ys, lo, hi = zip(*sorted(pts))
-            line, = ax.plot(xs, ys, "o-", color=colours(i % 20), label=changed or "Table 1's settings")
+            line, = ax.plot(xs, ys, "o-", color=colours(i % 20), label=textwrap.fill(changed, 70))
             ax.vlines(xs, lo, hi, color=line.get_color(), alpha=0.35)
         ax.axhline(GOAL, color="k", ls="--", lw=0.8)
         ax.axvline(BUDGET_SECONDS, color="k", ls=":", lw=0.8)
