@@ -6,6 +6,7 @@ import torch
 import lmc_fast as lf
 from lmc_fast.match.learned import exact_alignment, learn_alignments, sample_weights
 from lmc_fast.match.projection import Latents, apply_dense, newton_schulz_polar, polar_ste
+from lmc_fast.symmetry.groups import Permutation
 from lmc_fast.models.adapters import standard_params
 from lmc_fast.symmetry import Alignment, canonical_params, canonical_spec
 from lmc_fast.symmetry.elements import apply_spec
@@ -35,6 +36,46 @@ def test_polar_ste_forward_is_exact_and_gradient_flows():
     ((U2 @ Vh2) * target).sum().backward()
     cos = torch.nn.functional.cosine_similarity(M.grad.flatten(), M2.grad.flatten(), dim=0)
     assert cos > 0.9
+
+
+def test_one_hot_rows_gather_has_the_products_values_and_gradients():
+    gen = torch.Generator().manual_seed(5)
+    perm = torch.randperm(9, generator=gen)
+    latent = torch.randn(9, 9, generator=gen, dtype=torch.float64)
+    flat = torch.randn(9, 7, generator=gen, dtype=torch.float64)
+    cot = torch.randn(9, 7, generator=gen, dtype=torch.float64)
+    hard = torch.zeros(9, 9, dtype=torch.float64).scatter_(-1, perm.unsqueeze(-1), 1.0)
+    outs = []
+    for use_gather in (False, True):
+        L, F = latent.clone().requires_grad_(), flat.clone().requires_grad_()
+        P = hard + (L - L.detach())
+        dense = {"P": P, "perm": perm} if use_gather else {"P": P}
+        out = Permutation().apply_dense(F, None, None, dense)
+        (out * cot).sum().backward()
+        outs.append((out.detach(), L.grad, F.grad))
+    for product, gathered in zip(*outs):
+        assert torch.equal(product, gathered)
+
+
+def test_learned_steps_with_gathers_equal_those_with_permutation_products(monkeypatch):
+    """Applying the permutations as gathers changes no step: the latents after a few Adam steps are equal."""
+    a, b = make_model("gpt2", seed=61, dtype=torch.float32), make_model("gpt2", seed=62, dtype=torch.float32)
+    x = make_inputs("gpt2")
+    latents = []
+    for product in (True, False):
+        if product:
+            monkeypatch.setattr(Permutation, "apply_dense", lambda self, flat, g, ax, dense: dense["P"] @ flat)
+        else:
+            monkeypatch.undo()
+        la = lf.LearnedAlignment(a, b, "identity")
+        opt = torch.optim.Adam([p for p in la.parameters() if p.requires_grad], lr=0.05)
+        for lam in (0.3, 0.5, 0.7):
+            loss = la(x, lam=lam).logsumexp(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        latents.append([p.detach().clone() for p in la.parameters()])
+    assert all(torch.equal(u, v) for u, v in zip(*latents))
 
 
 @pytest.mark.parametrize("head_map", ["orthogonal", "invertible"])

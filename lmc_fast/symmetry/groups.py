@@ -117,6 +117,24 @@ def check_invertible(group: Group, key: str, M: torch.Tensor) -> None:
                     f">= {MAX_CONDITION:g}")
 
 
+class _OneHotRows(torch.autograd.Function):
+    """P @ flat where P (n, n) is the one-hot matrix of `perm` (P[i, perm[i]] = 1) in value but carries
+    gradients (a straight-through latent): a gather forward (n x rest reads instead of an n x n x rest
+    product), and backward the matmul's own gradients, G flat^T for P and P^T G (a scatter) for flat."""
+
+    @staticmethod
+    def forward(ctx, P, perm, flat):
+        ctx.save_for_backward(perm, flat if ctx.needs_input_grad[0] else None)
+        return flat.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        perm, flat = ctx.saved_tensors
+        grad_P = grad @ flat.transpose(0, 1) if ctx.needs_input_grad[0] else None
+        grad_flat = torch.zeros_like(grad).index_copy_(0, perm, grad) if ctx.needs_input_grad[2] else None
+        return grad_P, None, grad_flat
+
+
 # ---------------------------------------------------------------- the kinds
 class Permutation:
     """MLP units, and the residual stream of the raw-space baseline."""
@@ -146,6 +164,10 @@ class Permutation:
         return {"perm": torch.argsort(el["perm"])}
 
     def apply_dense(self, flat: torch.Tensor, g: Group, ax: Axis, dense: dict) -> torch.Tensor:
+        """dense: "P" (n, n), and "perm" where P is that permutation's one-hot matrix in value (a
+        straight-through latent's): then the product is a gather with the same values and gradients."""
+        if "perm" in dense:
+            return _OneHotRows.apply(dense["P"], dense["perm"].to(flat.device), flat)
         return dense["P"] @ flat
 
 

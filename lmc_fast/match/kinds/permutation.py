@@ -61,4 +61,6 @@ class PermutationLatent(torch.nn.Module):
 
     def project(self):
         P, perm = permutation_ste(self.perm, self.warm)
-        return [{"P": P[i]} for i in range(len(self.names))], [{"perm": perm[i]} for i in range(len(self.names))]
+        # "perm" beside P: P is its one-hot matrix in value, so applying it is a gather (groups.Permutation)
+        return ([{"P": P[i], "perm": perm[i]} for i in range(len(self.names))],
+                [{"perm": perm[i]} for i in range(len(self.names))])
