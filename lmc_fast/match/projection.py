@@ -1,9 +1,10 @@
 """Latent matrices -> group elements, with straight-through gradients (learned matching).
 
 Each kind's latent is its matcher's (match/kinds/): permutations forward = the assignment of the
-latent (a hard permutation matrix), backward = identity to the latent (Git Re-Basin's
-straight-through estimator); orthogonal maps forward = the exact polar factor U V^T, backward =
-the gradient of a differentiable polar map (batched Newton-Schulz iterations); invertible per-head
+latent (a hard permutation matrix, applied as a gather), backward = identity to the latent (Git
+Re-Basin's straight-through estimator); orthogonal maps forward = the exact polar factor U V^T,
+backward = its exact gradient on the CPU (one eigendecomposition) and the gradient of batched
+Newton-Schulz iterations on CUDA (products only, no host sync); invertible per-head
 maps: the latent itself; rotary QK maps: the latent's nearest per-plane [[a, -b], [b, a]] blocks.
 `Latents` holds one block per run of groups of one kind and shape (all layers' MLP units, all
 layers' heads, the residual), so each projection runs once per step, not per layer. Group elements

@@ -78,18 +78,55 @@ def newton_schulz_polar(M: torch.Tensor, sigma_max: torch.Tensor, steps: int = N
     return X
 
 
+class _ExactPolar(torch.autograd.Function):
+    """The polar factor U of (B, n, n) latents M with its exact derivative. With H = U^T M = V S V^T
+    (the symmetric factor, from one eigendecomposition), dU = U Omega where Omega is the skew
+    solution of Omega H + H Omega = U^T dM - dM^T U, so the gradient of <G, U> is
+    U V [(A - A^T) / (s_i + s_j)] V^T with A = V^T U^T G V: one n x n eigendecomposition and six
+    products, in float64, where the Newton-Schulz map needs about sixty."""
+
+    @staticmethod
+    def forward(ctx, M):
+        U = kernels.polar(M)  # (on the CPU: a non-finite latent is one line, not NaN elements)
+        ctx.save_for_backward(M, U)
+        return U.to(M.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        M, U = (t.double() for t in ctx.saved_tensors)
+        Ut = U.transpose(-1, -2)
+        H = Ut @ M
+        s, V = torch.linalg.eigh(0.5 * (H + H.transpose(-1, -2)))
+        Vt = V.transpose(-1, -2)
+        A = Vt @ (Ut @ grad.double()) @ V
+        # s_i + s_j vanishes only for two zero singular values (a singular latent): no gradient there
+        denom = (s.unsqueeze(-1) + s.unsqueeze(-2)).clamp_min(1e-12 * s.amax(-1, keepdim=True).unsqueeze(-1))
+        Z = V @ ((A - A.transpose(-1, -2)) / denom) @ Vt
+        return (U @ Z).to(grad.dtype)
+
+
 def polar_ste(M: torch.Tensor) -> torch.Tensor:
-    """Exact polar factor forward, Newton-Schulz gradient backward. (B, n, n) batches."""
+    """The exact polar factor of a (B, n, n) batch, differentiable. On the CPU its exact gradient
+    (`_ExactPolar`); elsewhere the gradient of Newton-Schulz iterations, which are products only
+    (an eigendecomposition on CUDA waits for the host)."""
     Md = M.detach()
-    # the latents are the optimiser's own: no finiteness check (a host sync per call on CUDA)
-    exact = kernels.polar(Md, check_finite=Md.device.type != "cuda")
+    if Md.device.type == "cpu":
+        return _ExactPolar.apply(M)
+    exact = kernels.polar(Md, check_finite=False)
+    return exact.to(M.dtype) + polar_ste_newton_schulz(M, exact)
+
+
+def polar_ste_newton_schulz(M: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """Zero in value, the gradient of the Newton-Schulz polar map of M in backward (`exact`: M's
+    polar factor, which bounds the singular values)."""
+    Md = M.detach()
     # Newton-Schulz needs an upper bound on the largest singular value: H = P^T M is
     # symmetric positive semi-definite with the singular values as eigenvalues, so its
     # max row sum bounds them, and is tight for the near-orthogonal latents met here.
     H = exact.transpose(-1, -2).to(Md.dtype) @ Md
     sigma_bound = H.abs().sum(-1).amax(-1)
     soft = newton_schulz_polar(M, sigma_bound)
-    return exact.to(M.dtype) + (soft - soft.detach())
+    return soft - soft.detach()
 
 
 def permutation_ste(latent: torch.Tensor, warm: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,8 +3,8 @@
 - statistic: C = sum over the group's axes of A_(axis) B_(axis)^T (d, d); from data, the stream's
   normalised states at every block boundary;
 - solve: Procrustes, R = polar(C), in the complement of the ones direction when centred;
-- latent: a (d, d) matrix ((d - 1, d - 1) in that complement), projected by its exact polar factor
-  forward and a Newton-Schulz polar map backward.
+- latent: a (d, d) matrix ((d - 1, d - 1) in that complement), projected by its exact polar factor,
+  differentiable (base.polar_ste).
 """
 from __future__ import annotations
 
