@@ -112,7 +112,8 @@ def polar_ste(M: torch.Tensor) -> torch.Tensor:
     Md = M.detach()
     if Md.device.type == "cpu":
         return _ExactPolar.apply(M)
-    exact = kernels.polar(Md, check_finite=False)
+    # the latents are the optimiser's own: no finiteness check on CUDA (a host sync per call)
+    exact = kernels.polar(Md, check_finite=Md.device.type != "cuda")
     return exact.to(M.dtype) + polar_ste_newton_schulz(M, exact)
 
 
