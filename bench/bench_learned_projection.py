@@ -11,6 +11,9 @@ weights are) and the same batch, interleaved. Also recorded: how far apart the t
 are (rounding: Newton-Schulz converges on these latents) and the FLOPs of one polar gradient each way.
 
     OMP_NUM_THREADS=1 LMC_FAST_DATA=data_cache python bench/bench_learned_projection.py [--steps 20] [--repeat 3]
+
+`--align-models DIR --align-data SPEC` times whole `lf.align(a, b, "learned", ...)` runs instead, through the
+public API (weight matching's start, the steps, the validation barriers), on a trained pair (DIR/seed0, seed1).
 """
 from __future__ import annotations
 
@@ -100,15 +103,59 @@ def polar_gradient_flops(n: int) -> dict:
     return {"newton_schulz": 10 * 6 * product, "exact": 6 * product + 9 * n ** 3}
 
 
+def align_seconds(models: str, data_spec: str, batch: int, batches: int, steps: int, repeat: int) -> list:
+    """Whole learned-matching runs through `lf.align`, before and after, interleaved: one record."""
+    import lmc_fast as lf
+    from lmc_fast.data_specs import load_data
+    from lmc_fast.io import load_model
+
+    a, b = (load_model(Path(models) / s).float().eval() for s in ("seed0", "seed1"))
+    data = []
+    for x, y in loader(load_data(data_spec)[0], batch, shuffle=True, seed=0):
+        data.append((x, y))
+        if len(data) == batches:
+            break
+
+    def run():
+        t0 = time.perf_counter()
+        lf.align(a, b, "learned", data=data, preset="labels-loop", steps=steps)
+        return time.perf_counter() - t0
+
+    before, after = [], []
+    for _ in range(repeat):
+        with previous_projection():
+            before.append(run())
+        after.append(run())
+    return [record("learned_align", device="cpu", dtype="float32",
+                   sizes={"models": str(models), "data": data_spec, "batch": batch, "batches": batches, "steps": steps,
+                          "repeat": repeat, "preset": "labels-loop"},
+                   baseline="Newton-Schulz polar gradients, permutation matrices applied as products",
+                   baseline_s=statistics.median(before), ours_s=statistics.median(after),
+                   extra={"baseline_s_all": before, "ours_s_all": after})]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", default=list(RECIPES))
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--align-models", default=None, help="a folder with seed0 and seed1: time lf.align runs instead")
+    ap.add_argument("--align-data", default="shakespeare", help="their data spec")
+    ap.add_argument("--name", default="learned_projection", help="the results file's stem")
     ap.add_argument("--out", default=None, help="directory for the JSON (default bench/results/)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.align_models:
+        for seed in ("seed0", "seed1"):
+            if not (Path(args.align_models) / seed).is_dir():
+                raise SystemExit(f"{args.align_models}: no {seed} folder (a grid's models/ holds seed0, seed1, ...)")
+        records = align_seconds(args.align_models, args.align_data, args.batches[0], 3840 // args.batches[0],
+                                args.steps, args.repeat)
+        path = write_results(args.name, records, out=args.out)
+        print_table(records)
+        print(f"-> {path}")
+        return
     records = []
     for name in args.recipes:
         r = recipe(name)
@@ -138,7 +185,7 @@ def main(argv=None):
             records.append(rec)
             print(f"{name} batch {batch}: {1 / rec['baseline_s']:.2f} -> {1 / rec['ours_s']:.2f} steps/s "
                   f"({rec['speedup']:.2f}x), first gradients within {diff:.1e}", flush=True)
-    path = write_results("learned_projection", records, out=args.out)
+    path = write_results(args.name, records, out=args.out)
     print_table(records)
     print(f"-> {path}")
 
