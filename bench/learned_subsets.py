@@ -38,7 +38,7 @@ def cpu_capability() -> str:
 GRIDS = Path(__file__).resolve().parent / "grids"
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {"digits": "ViT, digits", "fashion": "ViT, Fashion-MNIST", "shakespeare": "GPT-2, Shakespeare",
-            "llama": "tiny LLaMA, Shakespeare", "neox": "tiny GPT-NeoX, Shakespeare"}
+            "llama": "tiny LLaMA, Shakespeare", "neox": "tiny GPT-NeoX, Shakespeare", "bert": "tiny BERT, Shakespeare"}
 #: grid method name -> the `learn` mode it trains (lmc_fast.match.options.LEARN_MODES)
 SUBSETS = {"learned": "all", "learned-residual": "residual", "learned-heads": "heads", "learned-mlp": "mlp",
            "learned-no-residual": "no_residual"}

@@ -9,24 +9,10 @@ import torch
 from lmc_fast.match import learned as L
 from lmc_fast.models import functional as Fn
 from lmc_fast.models import GPT2, GPT2Config
-from lmc_fast.models.llama import Llama, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import learned_swiglu_scales as lss  # noqa: E402
-
-VOCAB, T = 64, 16
-
-
-def tiny_llama(seed: int) -> Llama:
-    torch.manual_seed(seed)
-    return Llama(LlamaConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_mlp=48, vocab_size=VOCAB,
-                             block_size=T)).eval()
-
-
-def tokens(seed: int, n: int = 3):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, VOCAB, (n * 8, T + 1), generator=g)
-    return [(x[i:i + 8, :-1], x[i:i + 8, 1:]) for i in range(0, n * 8, 8)]
+from test_rotary_gap import T, VOCAB, tiny_llama, tokens  # noqa: E402
 
 
 def test_scaled_units_keep_the_function_in_float64():
