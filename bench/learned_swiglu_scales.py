@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,14 +29,18 @@ from pathlib import Path
 
 import torch
 
-from lmc_fast.grid.runner import _batches, _data, with_block_size
-from lmc_fast.grid.spec import load_spec
-from lmc_fast.io import load_model
-from lmc_fast.match import learned as L
-from lmc_fast.match.learned_module import LearnedAlignment
-from lmc_fast.match.weight import align_by_weights
-from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures
-from lmc_fast.symmetry import Alignment
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_model  # noqa: E402
+
+from lmc_fast.grid.runner import _batches, _data, with_block_size  # noqa: E402
+from lmc_fast.grid.spec import load_spec  # noqa: E402
+from lmc_fast.io import load_model  # noqa: E402
+from lmc_fast.match import learned as L  # noqa: E402
+from lmc_fast.match.learned_module import LearnedAlignment  # noqa: E402
+from lmc_fast.match.weight import align_by_weights  # noqa: E402
+from lmc_fast.sweep.evaluate import EvalOptions, evaluate_mixtures  # noqa: E402
+from lmc_fast.sweep.result import barrier_result  # noqa: E402
+from lmc_fast.symmetry import Alignment  # noqa: E402
 
 LAMBDAS = [i / 10 for i in range(11)]
 #: the scales' gradient is multiplied by this before the clip (Adam's step does not depend on it)
@@ -111,24 +114,14 @@ def run(args) -> dict:
     aligned_b = Alignment(module.spec, hard[0]).apply_params(pb)
     rows = evaluate_mixtures(module.arch, [module.params_list[0], aligned_b], [[1 - x, x] for x in LAMBDAS], test,
                              EvalOptions())
-    loss = [r["loss"] for r in rows]
-    barrier = max(y - ((1 - x) * loss[0] + x * loss[-1]) for x, y in zip(LAMBDAS, loss))
+    result = barrier_result(LAMBDAS, dict(zip(LAMBDAS, rows)), "canonical", "batched", 0.0)
+    barrier, loss = result.barrier, result.loss
     log_s = s.log()
     return {"spec": args.spec, "pair": [i, j], "mode": args.mode, "factor": factor, "steps": info["steps"],
             "best_step": info["best_step"], "val_barrier": info["val_barrier"], "barrier": barrier, "curve": loss,
             "seconds": seconds, "log_scale_abs_mean": float(log_s.abs().mean()),
-            "log_scale_abs_max": float(log_s.abs().max()), "machine": cpu_name(), "load_average": os.getloadavg(),
+            "log_scale_abs_max": float(log_s.abs().max()), "machine": cpu_model(), "load_average": os.getloadavg(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(paths, out: Path, note: str = "") -> None:
