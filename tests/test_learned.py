@@ -192,6 +192,12 @@ def test_sample_weights_modes():
     assert (sample_weights("fixed", 2, 3, gen)[:, 1] == 0.5).all()
     u = sample_weights("uniform", 2, 200, gen)[:, 1]
     assert u.min() < 0.1 and u.max() > 0.9
+    m = sample_weights("mixed", 2, 4000, gen)[:, 1]
+    near = ((m >= 0.4) & (m <= 0.6)).double().mean()
+    # half the draws from U[0.4, 0.6], half from U[0, 1] (a fifth of which lands there too): 0.6 expected
+    assert 0.56 < near < 0.64 and m.min() < 0.05 and m.max() > 0.95
+    again = [sample_weights("mixed", 2, 50, torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(*again)  # the generator alone decides, so resumed runs draw the same lambdas
     d = sample_weights("narrow", 3, 50, gen)
     assert d.shape == (50, 3) and torch.allclose(d.sum(1), torch.ones(50, dtype=torch.float64))
     with pytest.raises(ValueError):

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ..method_names import ALIGN_METHODS, DATA_METHODS
+from ..match.options import LAMBDA_MODES
 from .args import add_command, data_options, finite_positive_float, model_pair, positive_int
 from ..data_specs import AUGMENTATIONS, augmentation
 from .console import CLIError, Console
@@ -32,8 +33,9 @@ def register(subparsers, parents):
                    help="learned matching: Adam steps (default: the preset's, 1000; 2000 for the -loop presets, "
                         "whose steps take one lambda each)")
     a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, the others 1e-2)")
-    a.add_argument("--lam", choices=["narrow", "uniform", "fixed"], default=None,
-                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1] or 0.5 (default: the preset's, "
+    a.add_argument("--lam", choices=LAMBDA_MODES, default=None,
+                   help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1], either of the two with "
+                        "probability 1/2, or 0.5 (default: the preset's, "
                         "paper narrow, the others uniform)")
     a.add_argument("--target", choices=["labels", "endpoints"], default=None,
                    help="learned matching: fit the labels, or the same mixture of the end models' predictions "

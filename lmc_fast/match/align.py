@@ -23,7 +23,7 @@ def align(model_a, model_b, method: str = "weight", data=None, *, progress: bool
     - "activation": the same solvers on activation cross-covariances over `data` (max_batches);
     - "learned": straight-through optimisation of the alignment on the task loss of the
       midpoints (needs `data`), initialised at weight matching. Options go to
-      `learned_matching`: steps, lr, lam ("narrow" | "uniform" | "fixed" | a number),
+      `learned_matching`: steps, lr, lam ("narrow" | "uniform" | "mixed" | "fixed" | a number),
       lambdas_per_step, target ("labels" | "endpoints"), temperature, augment (e.g.
       `lmc_fast.data.augment.Mixup(1.0)` with target="endpoints"), learn, head_map, init,
       eval_every, patience, val_fraction, device, checkpoint (a file: a killed run resumes exactly),

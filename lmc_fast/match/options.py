@@ -16,7 +16,7 @@ from ..symmetry.spec import HEAD_MAPS
 ORDERS = ("structured", "random")
 #: the weightings of weight matching's objective (weighting.py `weighted_reference` computes each)
 WEIGHTINGS = ("sum", "per_tensor", "sqrt")
-LAMBDA_MODES = ("narrow", "uniform", "fixed")
+LAMBDA_MODES = ("narrow", "uniform", "mixed", "fixed")
 TARGETS = ("labels", "endpoints")
 #: which latents learned matching trains: every one; the maps (residual rotation, per-head maps); the
 #: residual's alone; the permutations; one family of groups (the heads, the MLP units); all but the residual
