@@ -470,7 +470,7 @@ def test_presets_fill_what_is_not_given():
     assert (d["preset"], d["lr"], d["lam"], d["target"], d["val_fraction"]) == ("distill", 1e-2, "uniform", "endpoints", 0.2)
     assert d["augment"] is None and d["end_models_training_loss"] is None
     dl = lf.align(a, b, "learned", data=data, preset="distill-loop", steps=4, eval_every=2).info
-    assert (dl["target"], dl["lambdas_per_step"], dl["weight_decay"], dl["clip"]) == ("endpoints", 1, 0.01, 1.0)
+    assert (dl["target"], dl["lambdas_per_step"], dl["weight_decay"], dl["clip"], dl["lr"]) == ("endpoints", 1, 0.01, 1.0, 3e-2)
     assert "Mixup" in lf.align(a, b, "learned", data=data, preset="distill", steps=2, eval_every=2,
                                augment="auto").info["augment"]  # asked for: Mixup on images
     assert lf.align(a, b, "learned", data=data, preset="paper", lr=0.02, steps=2, eval_every=2).info["lr"] == 0.02
@@ -480,7 +480,7 @@ def test_presets_fill_what_is_not_given():
     assert PRESET_NAMES == ("default", "paper", "distill", "labels", "distill-loop", "labels-loop")
     assert PRESETS["labels"] == {**PRESETS["distill"], "target": "labels"}
     loop = dict(steps=2000, lambdas_per_step=1, eval_every=200, weight_decay=0.01, warmup=0.05, clip=1.0)
-    assert PRESETS["distill-loop"] == {**PRESETS["distill"], **loop}
+    assert PRESETS["distill-loop"] == {**PRESETS["distill"], **loop, "lr": 3e-2}
     assert PRESETS["labels-loop"] == {**PRESETS["labels"], **loop}
     from lmc_fast.cli.align import PRESETS as CLI_PRESETS  # the command line's copy (it does not import torch)
 

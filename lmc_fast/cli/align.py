@@ -27,12 +27,12 @@ def register(subparsers, parents):
                         "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, lambda ~ U[0, 1], "
                         "lr 1e-2), 'labels' (distill's settings with the task loss), 'distill-loop' and 'labels-loop' "
                         "(those with the paper authors' loop: one lambda a step, twice the steps, AdamW weight decay "
-                        "0.01, 5%% warm-up, clip 1), or 'default': distill-loop when the end models have memorised "
+                        "0.01, 5%% warm-up, clip 1; distill-loop at lr 3e-2), or 'default': distill-loop when the end models have memorised "
                         "their training data (training loss < 0.05), else labels-loop")
     a.add_argument("--steps", type=positive_int, default=None,
                    help="learned matching: Adam steps (default: the preset's, 1000; 2000 for the -loop presets, "
                         "whose steps take one lambda each)")
-    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, the others 1e-2)")
+    a.add_argument("--lr", type=finite_positive_float, default=None, help="learned matching: Adam learning rate (default: the preset's, paper 3e-3, distill-loop 3e-2, the others 1e-2)")
     a.add_argument("--lam", choices=LAMBDA_MODES, default=None,
                    help="learned matching: mixing weights per step, U[0.4, 0.6], U[0, 1], either of the two with "
                         "probability 1/2, or 0.5 (default: the preset's, "
