@@ -485,6 +485,9 @@ def test_presets_fill_what_is_not_given():
     from lmc_fast.cli.align import PRESETS as CLI_PRESETS  # the command line's copy (it does not import torch)
 
     assert CLI_PRESETS == PRESET_NAMES
+    from lmc_fast.cli.align import LAMBDA_MODES as CLI_LAMBDA_MODES
+    from lmc_fast.match.options import LAMBDA_MODES
+    assert CLI_LAMBDA_MODES == LAMBDA_MODES
     assert preset_settings("paper", steps=7)["steps"] == 7
     with pytest.raises(ValueError, match="preset must be one of"):
         lf.align(a, b, "learned", data=data, preset="fast")

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 from ..method_names import ALIGN_METHODS, DATA_METHODS
-from ..match.options import LAMBDA_MODES
 from .args import add_command, data_options, finite_positive_float, model_pair, positive_int
 from ..data_specs import AUGMENTATIONS, augmentation
 from .console import CLIError, Console
@@ -15,6 +14,7 @@ from .models import load
 from .outputs import Outputs, now
 
 PRESETS = ("default", "paper", "distill", "labels", "distill-loop", "labels-loop")  # as lmc_fast.match.learned.PRESET_NAMES (not imported: that loads torch)
+LAMBDA_MODES = ("narrow", "uniform", "mixed", "fixed")  # as lmc_fast.match.options.LAMBDA_MODES (likewise)
 
 
 def register(subparsers, parents):
