@@ -27,8 +27,8 @@ def register(subparsers, parents):
                         "lambda ~ U[0.4, 0.6], lr 3e-3), 'distill' (end-model targets, lambda ~ U[0, 1], "
                         "lr 1e-2), 'labels' (distill's settings with the task loss), 'distill-loop' and 'labels-loop' "
                         "(those with the paper authors' loop: one lambda a step, twice the steps, AdamW weight decay "
-                        "0.01, 5%% warm-up, clip 1; distill-loop at lr 3e-2), or 'default': distill-loop when the end models have memorised "
-                        "their training data (training loss < 0.05), else labels-loop")
+                        "0.01, 5%% warm-up, clip 1; distill-loop at lr 3e-2), or 'default': distill-loop when the "
+                        "end models have memorised their training data (training loss < 0.05), else labels-loop")
     a.add_argument("--steps", type=positive_int, default=None,
                    help="learned matching: Adam steps (default: the preset's, 1000; 2000 for the -loop presets, "
                         "whose steps take one lambda each)")

@@ -289,8 +289,8 @@ def fit_alignments(module: MixedAlignments, train, val, *, steps=1000, lr=3e-3, 
 #: at equal cost (bench/results/preset_rules.md).
 #: distill-loop, the preset of memorised end models, at lr 3e-2: on the digits ViTs lower than at 1e-2 on 12 of
 #: 15 runs of a pair over two sets of models, 1 tied (600 steps: medians 0.049 vs 0.070 on both instruction sets
-#: and 0.025 vs 0.052; 2000 steps: 0.007 vs 0.023). labels-loop keeps 1e-2: 3e-2 was lower on the Fashion-MNIST ViTs and the
-#: NeoXs but higher on the LLaMAs (3 of 5) and the BERTs (5 of 5) (bench/results/learned_budget_loop.md).
+#: and 0.025 vs 0.052; 2000 steps: 0.007 vs 0.023). labels-loop keeps 1e-2: 3e-2 was lower on the Fashion-MNIST
+#: ViTs and the NeoXs but higher on the LLaMAs (3 of 5) and the BERTs (5 of 5) (bench/results/learned_budget_loop.md).
 #: "default" picks one of them from the data (`default_preset`).
 _DISTILL = dict(steps=1000, lr=1e-2, lam="uniform", lambdas_per_step=2, val_fraction=0.2, eval_every=100,
                 patience=6, target="endpoints", augment=None, weight_decay=0.0, warmup=0.0, clip=None)
